@@ -1,0 +1,3 @@
+from torchparity.cli import main
+
+main()
