@@ -1,0 +1,358 @@
+"""torchparity backend for NVIDIA GPUs through ``torch.cuda``.
+
+What it adds to the generic :class:`~torchparity.plugin_types.DeviceBackend`:
+
+* the numerics switches that change CUDA results (TF32 for matmul and cuDNN, fp16/bf16
+  reduced-precision reductions in cuBLAS, cuDNN determinism/benchmark, ``CUBLAS_WORKSPACE_CONFIG``,
+  ``float32_matmul_precision``) recorded in the dump header, and settable for a comparison run
+  through :class:`CudaBackend.Options` and :meth:`CudaBackend.apply_numerics`;
+* the header: device name and compute capability, CUDA runtime (``torch.version.cuda``), driver
+  (``cuDriverGetVersion`` from ``libcuda``), cuDNN and NCCL versions;
+* RNG state of every visible GPU, not just the current one;
+* refusal to claim a MetaX MACA GPU: MetaX's PyTorch build presents itself as device ``cuda``
+  too, so :func:`metax_markers` looks for its vendor markers and the ``maca`` backend takes it.
+
+Nothing here imports torch at module import time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
+
+from torchparity import hookimpl
+from torchparity.errors import UsageError
+from torchparity.plugin_types import Availability, DeviceBackend
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__version__ = "0.1.0"
+
+#: Value PyTorch documents for deterministic cuBLAS (":16:8" also works, with less memory).
+DETERMINISTIC_CUBLAS_WORKSPACE = ":4096:8"
+
+#: Python modules that only exist in MetaX's PyTorch stack (seen in public MetaX code).
+METAX_MODULES = ("torch_maca", "mcpytorch")
+#: Environment variables set by the MetaX MACA SDK's environment scripts (weak marker).
+METAX_ENV_VARS = ("MACA_PATH", "MACA_HOME")
+
+
+def metax_markers(probe_device: bool = True) -> dict[str, str]:
+    """Evidence that this process runs MetaX's MACA PyTorch build, as ``{marker: value}``.
+
+    Strong markers (any one means MetaX):
+
+    * ``torch.version.maca`` is set (MetaX builds report e.g. ``'3.8.1.0'`` while
+      ``torch.version.cuda`` still says ``'11.6'``);
+    * a MetaX-only Python module is importable (``torch_maca``, ``mcpytorch``; only
+      ``find_spec``, nothing is imported);
+    * the device name contains ``MetaX`` (``'MetaX C550'``), only when ``probe_device`` and a
+      device is visible.
+
+    Weak marker, reported as ``env:<VAR>`` but never sufficient alone: ``MACA_PATH`` /
+    ``MACA_HOME`` (an SDK may be installed on a machine that also has NVIDIA GPUs).
+    """
+    found: dict[str, str] = {}
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import torch  # noqa: F811 - imported lazily on purpose
+    version = getattr(getattr(torch, "version", None), "maca", None)
+    if version:
+        found["torch.version.maca"] = str(version)
+    for mod in METAX_MODULES:
+        try:
+            if mod in sys.modules or importlib.util.find_spec(mod) is not None:
+                found[f"module:{mod}"] = "importable"
+        except (ImportError, ValueError):  # a broken spec is no evidence either way
+            pass
+    if probe_device:
+        try:
+            if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+                name = torch.cuda.get_device_name(0)
+                if "metax" in name.lower():
+                    found["device_name"] = name
+        except Exception:  # pragma: no cover - a broken driver is reported by is_available
+            pass
+    for var in METAX_ENV_VARS:
+        if os.environ.get(var):
+            found[f"env:{var}"] = os.environ[var]
+    return found
+
+
+def strong_metax_markers(markers: Mapping[str, str]) -> dict[str, str]:
+    """The markers from :func:`metax_markers` that identify MetaX on their own."""
+    return {k: v for k, v in markers.items() if not k.startswith("env:")}
+
+
+def cuda_driver_version() -> Optional[str]:
+    """The CUDA driver API version (``cuDriverGetVersion``) as ``"12.4"``, or None.
+
+    Read through ctypes from ``libcuda.so.1`` / ``nvcuda.dll``: torch does not expose it and
+    calling ``nvidia-smi`` would spawn a process.
+    """
+    import ctypes
+
+    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            v = ctypes.c_int(0)
+            if lib.cuDriverGetVersion(ctypes.byref(v)) == 0 and v.value:
+                return f"{v.value // 1000}.{(v.value % 1000) // 10}"
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def _matmul() -> Any:
+    import torch
+
+    return torch.backends.cuda.matmul
+
+
+class CudaBackend(DeviceBackend):
+    """NVIDIA GPUs through ``torch.cuda``."""
+
+    name = "cuda"
+    device_type = "cuda"
+    description = "NVIDIA GPUs (torch.cuda): TF32/reduced-precision switches, cuBLAS/cuDNN determinism"
+    vendor_module = None
+
+    @dataclass
+    class Options:
+        """Numerics switches for a comparison run; ``None`` leaves the process's setting alone.
+
+        Applied by :meth:`CudaBackend.apply_numerics` (the dump and compare engines call it when
+        a run starts; users can call it themselves).
+        """
+
+        #: ``torch.backends.cuda.matmul.allow_tf32`` (TF32 in cuBLAS fp32 matmuls)
+        allow_tf32: Optional[bool] = None
+        #: ``torch.backends.cudnn.allow_tf32`` (TF32 in cuDNN fp32 convolutions); defaults to
+        #: ``allow_tf32`` when that is set and this is not
+        cudnn_allow_tf32: Optional[bool] = None
+        #: ``torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction``
+        allow_fp16_reduced_precision_reduction: Optional[bool] = None
+        #: ``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``
+        allow_bf16_reduced_precision_reduction: Optional[bool] = None
+        #: ``torch.backends.cudnn.deterministic``
+        cudnn_deterministic: Optional[bool] = None
+        #: ``torch.backends.cudnn.benchmark`` (autotuning picks kernels run to run)
+        cudnn_benchmark: Optional[bool] = None
+        #: ``CUBLAS_WORKSPACE_CONFIG`` (":4096:8" makes cuBLAS deterministic; read at cuBLAS init)
+        cublas_workspace_config: Optional[str] = None
+        #: ``torch.set_float32_matmul_precision``: "highest", "high" or "medium"
+        float32_matmul_precision: Optional[str] = None
+
+    def configure(self, options: Mapping[str, Any] | None = None) -> None:
+        super().configure(options)
+        opts = self.options
+        for f in fields(opts):
+            v = getattr(opts, f.name)
+            if v is None:
+                continue
+            if f.name in ("cublas_workspace_config", "float32_matmul_precision"):
+                if not isinstance(v, str):
+                    raise UsageError(f"backend '{self.name}': option {f.name} must be a string, got {v!r}")
+            elif not isinstance(v, bool):
+                raise UsageError(f"backend '{self.name}': option {f.name} must be true, false or null, got {v!r}")
+        if opts.float32_matmul_precision not in (None, "highest", "high", "medium"):
+            raise UsageError(
+                f"backend '{self.name}': float32_matmul_precision must be highest, high or medium, "
+                f"got {opts.float32_matmul_precision!r}"
+            )
+
+    # ---- discovery -----------------------------------------------------------------------
+    def is_available(self) -> Availability:
+        try:
+            import torch
+
+            if getattr(torch.version, "hip", None):
+                return Availability(False, "this torch is a ROCm build (torch.version.hip is set); AMD GPUs are not an NVIDIA CUDA device")
+            if not torch.backends.cuda.is_built() or torch.version.cuda is None:
+                return Availability(False, f"torch {torch.__version__} was built without CUDA; install a CUDA build of torch")
+            strong = strong_metax_markers(metax_markers(probe_device=False))
+            if strong:
+                return Availability(False, f"this is MetaX MACA's torch ({_fmt(strong)}); use the 'maca' backend")
+            if not torch.cuda.is_available():
+                return Availability(False, "no CUDA device visible (torch.cuda.is_available() is False: no GPU, driver or CUDA_VISIBLE_DEVICES)")
+            strong = strong_metax_markers(metax_markers(probe_device=True))
+            if strong:
+                return Availability(False, f"the visible GPU is a MetaX device ({_fmt(strong)}); use the 'maca' backend")
+        except Exception as exc:  # a broken driver must not break discovery
+            return Availability(False, f"probing CUDA failed: {type(exc).__name__}: {exc}")
+        return Availability(True)
+
+    # ---- reproducibility -------------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)  # seeds every CUDA device too (lazily when CUDA is not initialised)
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(seed)
+
+    def get_rng_state(self) -> dict[str, torch.Tensor]:
+        """CPU generator state plus one entry per visible GPU (``"cuda:0"``, ``"cuda:1"`` ...)."""
+        import torch
+
+        state = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                state[f"{self.device_type}:{i}"] = s
+        return state
+
+    def set_rng_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore what :meth:`get_rng_state` returned (a plain ``"cuda"`` key means the current device)."""
+        import torch
+
+        if "cpu" in state:
+            torch.set_rng_state(state["cpu"])
+        mod = self._device_module()
+        for key, value in state.items():
+            if key == self.device_type:
+                mod.set_rng_state(value)
+            elif key.startswith(self.device_type + ":"):
+                mod.set_rng_state(value, int(key.split(":", 1)[1]))
+
+    def set_deterministic(self, enabled: bool = True) -> None:
+        """Deterministic algorithms, cuDNN deterministic and no benchmark, deterministic cuBLAS.
+
+        ``CUBLAS_WORKSPACE_CONFIG`` is read when cuBLAS initialises: call this before the first
+        matmul on the device, or set the variable before starting Python.
+        """
+        import torch
+
+        if enabled:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS_WORKSPACE)
+        torch.use_deterministic_algorithms(enabled, warn_only=True)
+        torch.backends.cudnn.deterministic = enabled
+        if enabled:
+            torch.backends.cudnn.benchmark = False
+
+    # ---- numerics ----------------------------------------------------------------------------
+    def numerics_switches(self) -> dict[str, Any]:
+        import torch
+
+        m = _matmul()
+        sw = super().numerics_switches()
+        sw.update(
+            allow_tf32=bool(m.allow_tf32),
+            cudnn_allow_tf32=bool(torch.backends.cudnn.allow_tf32),
+            allow_fp16_reduced_precision_reduction=bool(m.allow_fp16_reduced_precision_reduction),
+            allow_bf16_reduced_precision_reduction=bool(getattr(m, "allow_bf16_reduced_precision_reduction", True)),
+            cudnn_enabled=bool(torch.backends.cudnn.enabled),
+            cudnn_deterministic=bool(torch.backends.cudnn.deterministic),
+            cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+            cublas_workspace_config=os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        )
+        blas = getattr(torch.backends.cuda, "preferred_blas_library", None)  # torch >= 2.3
+        if blas is not None:
+            try:
+                sw["preferred_blas_library"] = str(blas()).split(".")[-1]
+            except Exception:
+                pass
+        fp32p = getattr(m, "fp32_precision", None)  # torch >= 2.9 new TF32 API
+        if fp32p is not None:
+            sw["matmul_fp32_precision"] = str(fp32p)
+        return sw
+
+    def apply_numerics(self, options: Any = None) -> dict[str, Any]:
+        """Set the switches named in ``options`` (default: the configured :class:`Options`).
+
+        Fields left ``None`` are not touched. Returns the previous values of what was changed
+        (keyword arguments for :meth:`apply_numerics`'s ``options``), so a caller can restore
+        them: ``prev = b.apply_numerics(); ...; b.apply_numerics(prev)``.
+        """
+        import torch
+
+        opts = self.options if options is None else options
+        want = {f.name: getattr(opts, f.name) for f in fields(opts)} if not isinstance(opts, Mapping) else dict(opts)
+        if want.get("allow_tf32") is not None and want.get("cudnn_allow_tf32") is None:
+            want["cudnn_allow_tf32"] = want["allow_tf32"]
+        m = _matmul()
+        targets: dict[str, tuple[Any, str]] = {
+            "allow_tf32": (m, "allow_tf32"),
+            "cudnn_allow_tf32": (torch.backends.cudnn, "allow_tf32"),
+            "allow_fp16_reduced_precision_reduction": (m, "allow_fp16_reduced_precision_reduction"),
+            "allow_bf16_reduced_precision_reduction": (m, "allow_bf16_reduced_precision_reduction"),
+            "cudnn_deterministic": (torch.backends.cudnn, "deterministic"),
+            "cudnn_benchmark": (torch.backends.cudnn, "benchmark"),
+        }
+        prev: dict[str, Any] = {}
+        for key, value in want.items():
+            if value is None:
+                continue
+            if key in targets:
+                obj, attr = targets[key]
+                if not hasattr(obj, attr):
+                    continue  # older torch without the switch (bf16 RPR before 2.1)
+                prev[key] = bool(getattr(obj, attr))
+                setattr(obj, attr, bool(value))
+            elif key == "cublas_workspace_config":
+                prev[key] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+                os.environ["CUBLAS_WORKSPACE_CONFIG"] = str(value)
+            elif key == "float32_matmul_precision":
+                prev[key] = torch.get_float32_matmul_precision()
+                torch.set_float32_matmul_precision(str(value))
+            else:
+                raise UsageError(f"backend '{self.name}': unknown numerics switch {key!r}")
+        return prev
+
+    @contextmanager
+    def numerics(self, **overrides: Any) -> Iterator[dict[str, Any]]:
+        """Context manager: apply ``overrides`` (Options field names), restore on exit."""
+        prev = self.apply_numerics(overrides)
+        try:
+            yield self.numerics_switches()
+        finally:
+            restore = {k: v for k, v in prev.items() if k != "cublas_workspace_config"}
+            self.apply_numerics(restore)
+            if "cublas_workspace_config" in prev:
+                if prev["cublas_workspace_config"] is None:
+                    os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+                else:
+                    os.environ["CUBLAS_WORKSPACE_CONFIG"] = prev["cublas_workspace_config"]
+
+    # ---- header ------------------------------------------------------------------------------
+    def environment(self) -> dict[str, Any]:
+        import torch
+
+        env = super().environment()
+        env.update(
+            vendor="NVIDIA",
+            cuda_runtime_version=torch.version.cuda,
+            cudnn_version=_safe(torch.backends.cudnn.version),
+            driver_version=cuda_driver_version(),
+            device_count=0,
+        )
+        if torch.cuda.is_available():
+            env["device_count"] = torch.cuda.device_count()
+            idx = torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(idx)
+            env["device_name"] = props.name
+            env["compute_capability"] = f"{props.major}.{props.minor}"
+            env["device_memory_bytes"] = int(props.total_memory)
+            nccl = _safe(lambda: torch.cuda.nccl.version())
+            env["nccl_version"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
+        return env
+
+
+def _safe(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def _fmt(markers: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in markers.items())
+
+
+@hookimpl
+def torchparity_backends():
+    yield CudaBackend()

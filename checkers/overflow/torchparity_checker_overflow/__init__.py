@@ -1,0 +1,274 @@
+"""torchparity overflow checker: NaN / Inf / saturation, from the dump's statistics alone.
+
+Levels, per op record (msprobe's overflow levels, computed vectorised over a whole dump):
+
+``critical``
+    every floating input is finite and an output is non-finite: the op that created the overflow.
+``high``
+    non-finite inputs and non-finite outputs (the overflow propagating), or finite tensors whose
+    output norm explodes far beyond the input norm (``norm_ratio``).
+``medium``
+    non-finite inputs, finite outputs (absorbed by a ``where``/``masked_fill``/reduction...).
+
+"Non-finite" means ``nan > 0`` or ``inf > 0`` or a non-finite max/min/mean/norm, and also
+**saturation**: a float16/bfloat16 tensor whose ``max`` or ``min`` reaches the dtype's largest
+finite value (65504 for float16) counts as overflowed, because saturating hardware (Ascend in
+saturation mode, clamping casts) produces that instead of Inf. When the dump says the device ran
+in saturation mode (``ctx.extra["saturation_dtypes"]``), float32 saturation counts too.
+
+Steps whose gradients GradScaler found non-finite (``_amp_foreach_non_finite_check_and_unscale_``
+saw Inf/NaN, or ``_amp_update_scale_`` received ``found_inf > 0``) are skipped by the scaler on
+purpose: their backward/optimizer findings get level ``None``, ``amp_skipped = True`` and a reason
+saying so, instead of blaming an op. Forward findings in such steps are still reported.
+
+Uninitialised memory is never judged: ``empty``-like ops, and the overwritten ``self`` input of
+``fill_``/``zero_``/``copy_``/random in-place ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from torchparity import hookimpl
+from torchparity.errors import UsageError
+from torchparity.plugin_types import CheckContext, Checker
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+__version__ = "0.1.0"
+
+LEVELS = ("critical", "high", "medium")
+#: largest finite value per dtype name (no torch import needed)
+DTYPE_MAX = {
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+    "float32": 3.4028234663852886e38,
+    "float64": 1.7976931348623157e308,
+    "float8_e4m3fn": 448.0,
+    "float8_e5m2": 57344.0,
+}
+#: dtypes where a value at the max always counts as overflow
+ALWAYS_SATURATION = frozenset({"float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
+
+#: ops whose outputs are uninitialised memory (matched on the op's base name)
+EMPTY_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"})
+#: in-place ops whose input ``self`` (arg 0) is overwritten entirely, so its old value is irrelevant
+OVERWRITE_OPS = frozenset({"fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "bernoulli_",
+                           "exponential_", "geometric_", "log_normal_", "cauchy_", "set_", "resize_"})
+AMP_UNSCALE = "_amp_foreach_non_finite_check_and_unscale_"
+AMP_UPDATE = "_amp_update_scale_"
+SKIPPED_REASON = "step skipped by GradScaler (found_inf: loss-scale overflow, expected with dynamic loss scaling; not a model bug)"
+
+
+def op_base(op: "pd.Series") -> "pd.Series":
+    """``aten.addmm.default`` -> ``addmm``; ``torch.nn.functional.gelu`` -> ``gelu``;
+    ``torch.Tensor.fill_`` -> ``fill_``; a module class name stays as is."""
+    parts = op.astype(str).str.split(".")
+    is_aten = op.astype(str).str.contains(r"^(?:aten|npu|prims|c10d|_c10d_functional)\.", regex=True)
+    aten_base = parts.str[1].fillna("")
+    last = parts.str[-1].fillna("")
+    return aten_base.where(is_aten, last)
+
+
+class OverflowChecker(Checker):
+    """Classifies ops as critical / high / medium overflow from dump statistics."""
+
+    name = "overflow"
+    scopes = frozenset({"dump", "compare"})
+    description = "NaN/Inf/fp16-bf16 saturation: critical (finite in -> non-finite out), high, medium; GradScaler-aware"
+
+    @dataclass
+    class Options:
+        #: ``high`` when output norm > norm_ratio * max(input norm, norm_floor) with finite tensors
+        norm_ratio: float = 1e4
+        #: floor of the input norm in that ratio (tiny or zero inputs do not make every op "explode")
+        norm_floor: float = 1.0
+        #: count a value at the dtype's max as overflow for float16/bfloat16/float8
+        saturation: bool = True
+        #: label GradScaler-skipped steps instead of blaming their backward ops
+        amp_aware: bool = True
+
+    def configure(self, options: Mapping[str, Any] | None = None) -> None:
+        super().configure(options)
+        o = self.options
+        try:
+            o.norm_ratio, o.norm_floor = float(o.norm_ratio), float(o.norm_floor)
+        except (TypeError, ValueError):
+            raise UsageError(f"checker 'overflow': norm_ratio and norm_floor must be numbers, got {o.norm_ratio!r}, {o.norm_floor!r}") from None
+        if o.norm_ratio <= 1 or o.norm_floor < 0:
+            raise UsageError("checker 'overflow': norm_ratio must be > 1 and norm_floor >= 0")
+
+    # ---- per tensor -----------------------------------------------------------------------------
+    def tensor_flags(self, frame: pd.DataFrame, saturation_dtypes: frozenset[str] = frozenset()) -> pd.DataFrame:
+        """Per tensor row: ``nonfinite`` (NaN/Inf), ``saturated`` (at the dtype's max) and ``bad``."""
+        import numpy as np
+        import pandas as pd
+
+        def num(col: str) -> pd.Series:
+            if col not in frame.columns:
+                return pd.Series(np.nan, index=frame.index, dtype="float64")
+            return pd.to_numeric(frame[col], errors="coerce").astype("float64")
+
+        nan_c, inf_c = num("nan").fillna(0), num("inf").fillna(0)
+        mx, mn, mean, norm = num("max"), num("min"), num("mean"), num("norm")
+        is_tensor = frame["kind"].fillna("tensor").eq("tensor") if "kind" in frame.columns else pd.Series(True, index=frame.index)
+        has_stats = mx.notna() | mn.notna() | (nan_c > 0) | (inf_c > 0)
+        stat_nonfinite = pd.Series(False, index=frame.index)
+        for s in (mx, mn, mean, norm):
+            stat_nonfinite |= s.notna() & ~np.isfinite(s.to_numpy(dtype="float64", na_value=0.0))
+        nonfinite = is_tensor & ((nan_c > 0) | (inf_c > 0) | stat_nonfinite)
+        dtype = frame["dtype"].astype("string").fillna("") if "dtype" in frame.columns else pd.Series("", index=frame.index)
+        limit = dtype.map(DTYPE_MAX).astype("float64")
+        sat_ok = dtype.isin(ALWAYS_SATURATION if self.options.saturation else frozenset()) | dtype.isin(saturation_dtypes)
+        absmax = pd.concat([mx.abs(), mn.abs()], axis=1).max(axis=1)
+        saturated = is_tensor & sat_ok & limit.notna() & (absmax >= limit) & ~nonfinite
+        return pd.DataFrame(
+            {"nonfinite": nonfinite, "saturated": saturated, "bad": nonfinite | saturated,
+             "judged": is_tensor & has_stats, "norm": norm, "absmax": absmax},
+            index=frame.index,
+        )
+
+    # ---- single dump ------------------------------------------------------------------------------
+    def scan_dump(self, frame: pd.DataFrame, ctx: CheckContext | None = None) -> pd.DataFrame:
+        """One row per record: ``step, rank, record_id, name, op, module, phase, level, reason,
+        amp_skipped`` plus ``stack`` when the frame has it. ``level`` is None for clean records."""
+        import numpy as np
+        import pandas as pd
+
+        ctx = ctx or CheckContext()
+        required = {"record_id", "op", "io"}
+        missing = required - set(frame.columns)
+        if missing:
+            raise UsageError(f"overflow: the dump table lacks column(s) {', '.join(sorted(missing))}; is it a torchparity.load_dump() frame?")
+        out_cols = ["step", "rank", "record_id", "name", "op", "module", "phase", "level", "reason", "amp_skipped", "stack"]
+        if frame.empty:
+            return pd.DataFrame(columns=out_cols)
+        f = frame.copy()
+        for col, default in (("step", 0), ("rank", 0), ("name", ""), ("module", ""), ("phase", "forward"), ("arg", ""), ("stack", None)):
+            if col not in f.columns:
+                f[col] = default
+        sat_dtypes = frozenset(ctx.extra.get("saturation_dtypes", ()) or ())
+        flags = self.tensor_flags(f, sat_dtypes)
+        base = op_base(f["op"])
+        ignored_op = base.isin(EMPTY_OPS)
+        overwritten = base.isin(OVERWRITE_OPS) & f["io"].eq("input") & f["arg"].astype(str).isin(["0", "self"])
+        judged = flags["judged"] & ~ignored_op & ~overwritten
+        is_in = f["io"].isin(["input", "param"])
+        is_out = f["io"].eq("output")
+        t = pd.DataFrame({
+            "step": f["step"], "rank": f["rank"], "record_id": f["record_id"],
+            "in_bad": judged & is_in & flags["bad"], "out_bad": judged & is_out & flags["bad"],
+            "out_nf": judged & is_out & flags["nonfinite"], "out_sat": judged & is_out & flags["saturated"],
+            "in_n": (judged & is_in).astype(int), "out_n": (judged & is_out).astype(int),
+            "in_norm": flags["norm"].where(judged & is_in & ~flags["bad"]),
+            "out_norm": flags["norm"].where(judged & is_out & ~flags["bad"]),
+            "ignored": ignored_op,
+        })
+        keys = ["step", "rank", "record_id"]
+        g = t.groupby(keys, sort=False, dropna=False)
+        agg = g.agg(in_bad=("in_bad", "any"), out_bad=("out_bad", "any"), out_nf=("out_nf", "any"),
+                    out_sat=("out_sat", "any"), in_n=("in_n", "sum"), out_n=("out_n", "sum"),
+                    in_norm=("in_norm", "max"), out_norm=("out_norm", "max"), ignored=("ignored", "any"))
+        first = f.groupby(keys, sort=False, dropna=False)[["name", "op", "module", "phase", "stack"]].first()
+        rec = agg.join(first).reset_index()
+
+        o = self.options
+        critical = rec["out_bad"] & ~rec["in_bad"]
+        high_prop = rec["out_bad"] & rec["in_bad"]
+        ratio = rec["out_norm"] / np.maximum(rec["in_norm"].fillna(0.0), o.norm_floor)
+        explode = ~rec["out_bad"] & ~rec["in_bad"] & rec["in_norm"].notna() & (ratio > o.norm_ratio)
+        medium = rec["in_bad"] & ~rec["out_bad"]
+        level = np.select([critical, high_prop | explode, medium], ["critical", "high", "medium"], default=None)
+        rec["level"] = pd.Series(level, index=rec.index, dtype="object").where(~rec["ignored"], None)
+
+        what_out = np.where(rec["out_nf"], "NaN/Inf", "saturated at the dtype's max value")
+        reason = np.select(
+            [critical, high_prop, explode, medium],
+            [
+                pd.Series("finite inputs, output " + pd.Series(what_out, index=rec.index) + ": this op overflowed"),
+                pd.Series("non-finite inputs and outputs: overflow propagated from an earlier op", index=rec.index),
+                "output norm " + rec["out_norm"].map("{:.4g}".format) + " is " + ratio.map("{:.3g}".format)
+                + "x the input norm " + rec["in_norm"].map("{:.4g}".format),
+                pd.Series("non-finite inputs, finite outputs: overflow absorbed here", index=rec.index),
+            ],
+            default="",
+        )
+        rec["reason"] = pd.Series(reason, index=rec.index).where(rec["level"].notna(), "")
+        rec["amp_skipped"] = False
+        if o.amp_aware:
+            skipped = self.gradscaler_skipped_steps(f, flags)
+            if skipped:
+                in_skipped = pd.Series(list(zip(rec["step"], rec["rank"])), index=rec.index).isin(skipped)
+                grad_side = rec["phase"].isin(["backward", "optimizer"]) | base_of(rec["op"]).isin([AMP_UNSCALE, AMP_UPDATE])
+                hit = in_skipped & grad_side & rec["level"].notna()
+                rec.loc[hit, "reason"] = SKIPPED_REASON + " [" + rec.loc[hit, "level"].astype(str) + ": " + rec.loc[hit, "reason"] + "]"
+                rec.loc[hit, "level"] = None
+                rec.loc[in_skipped & grad_side, "amp_skipped"] = True
+        return rec[out_cols]
+
+    def gradscaler_skipped_steps(self, frame: pd.DataFrame, flags: pd.DataFrame | None = None) -> set[tuple[Any, Any]]:
+        """``{(step, rank)}`` where GradScaler found Inf/NaN gradients (and so skipped the step)."""
+        if flags is None:
+            flags = self.tensor_flags(frame)
+        base = op_base(frame["op"])
+        unscale_bad = base.eq(AMP_UNSCALE) & frame["io"].eq("input") & flags["nonfinite"]
+        import pandas as pd
+
+        mx = pd.to_numeric(frame["max"], errors="coerce") if "max" in frame.columns else pd.Series(0.0, index=frame.index)
+        # _amp_update_scale_(self, growth_tracker, found_inf, ...): found_inf is argument 2
+        arg = frame["arg"].astype(str) if "arg" in frame.columns else pd.Series("", index=frame.index)
+        update_found = base.eq(AMP_UPDATE) & frame["io"].eq("input") & arg.isin(["2", "found_inf"]) & (mx > 0)
+        hit = frame.loc[unscale_bad | update_found, ["step", "rank"]]
+        return set(map(tuple, hit.drop_duplicates().itertuples(index=False, name=None)))
+
+    # ---- comparison -------------------------------------------------------------------------------
+    def judge_rows(self, rows: pd.DataFrame, ctx: CheckContext | None = None) -> pd.DataFrame:
+        """``error`` where the device has NaN/Inf (or fp16/bf16 saturation) the bench does not;
+        ``warning`` where only the bench does; ``skip`` where both do (not device-specific) or
+        no statistics; ``pass`` otherwise."""
+        import numpy as np
+        import pandas as pd
+
+        def side(prefix: str) -> tuple[pd.Series, pd.Series]:
+            def num(col: str) -> pd.Series:
+                c = f"{prefix}_{col}"
+                return pd.to_numeric(rows[c], errors="coerce").astype("float64") if c in rows.columns else pd.Series(np.nan, index=rows.index)
+
+            nan_c, inf_c, mx, mn = num("nan"), num("inf"), num("max"), num("min")
+            known = nan_c.notna() | inf_c.notna() | mx.notna() | mn.notna()
+            stat_nf = pd.Series(False, index=rows.index)
+            for s in (mx, mn):
+                stat_nf |= s.notna() & ~np.isfinite(s.to_numpy(dtype="float64", na_value=0.0))
+            bad = (nan_c.fillna(0) > 0) | (inf_c.fillna(0) > 0) | stat_nf
+            dcol = f"{prefix}_dtype"
+            dtype = rows[dcol].astype("string").fillna("") if dcol in rows.columns else pd.Series("", index=rows.index)
+            limit = dtype.map(DTYPE_MAX).astype("float64")
+            absmax = pd.concat([mx.abs(), mn.abs()], axis=1).max(axis=1)
+            if self.options.saturation:
+                bad |= dtype.isin(ALWAYS_SATURATION) & limit.notna() & (absmax >= limit)
+            return bad, known
+
+        d_bad, d_known = side("device")
+        b_bad, b_known = side("bench")
+        verdict = np.select(
+            [~d_known, d_bad & ~b_bad, ~d_bad & b_bad, d_bad & b_bad],
+            ["skip", "error", "warning", "skip"], default="pass")
+        reason = np.select(
+            [~d_known, d_bad & ~b_bad, ~d_bad & b_bad, d_bad & b_bad],
+            ["no statistics to judge overflow",
+             "device has NaN/Inf (or saturated fp16/bf16) values the benchmark does not",
+             "benchmark has NaN/Inf values the device does not",
+             "both sides non-finite: overflow is not device-specific"], default="")
+        return pd.DataFrame({"verdict": verdict, "reason": reason}, index=rows.index)
+
+
+def base_of(op: "pd.Series") -> "pd.Series":
+    """Alias of :func:`op_base` for readability at call sites."""
+    return op_base(op)
+
+
+@hookimpl
+def torchparity_checkers():
+    yield OverflowChecker()
