@@ -1,0 +1,1 @@
+"""Capture: seeing every op as the model runs (module hooks, TorchFunctionMode, TorchDispatchMode)."""

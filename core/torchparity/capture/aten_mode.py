@@ -1,0 +1,85 @@
+"""Aten-level capture: a TorchDispatchMode that records every kernel call.
+
+It sees what the Python API cannot: the kernels autograd runs in backward, the optimizer's
+``_foreach_*`` kernels, factory ops and collectives (``c10d`` ops). Inputs are described before the
+kernel runs (so in-place ops are recorded with their inputs as they were), outputs after.
+Backward kernels are attributed to the module that created their autograd node (see
+:func:`~torchparity.capture.module_tracker.tag_graph`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import ops as opinfo
+from .session import CaptureSession, flat_args, flat_outputs
+
+_SKIP = frozenset({"detach", "alias", "lift_fresh", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"})
+
+
+class AtenCaptureMode(TorchDispatchMode):
+    """Records aten kernels into a :class:`CaptureSession`.
+
+    With ``collectives_only=True`` it records only collective ops (used at the module/api levels,
+    where collectives are not visible otherwise) and is otherwise a cheap pass-through.
+    """
+
+    def __init__(self, session: CaptureSession, collectives_only: bool = False) -> None:
+        super().__init__()
+        self.session = session
+        self.collectives_only = collectives_only
+        self._names: dict[Any, tuple[str, str, bool, bool, bool]] = {}
+
+    def _info(self, func: Any) -> tuple[str, str, bool, bool, bool]:
+        info = self._names.get(func)
+        if info is None:
+            base = opinfo.base_name(func)
+            coll = opinfo.is_collective(func)
+            info = (base, str(func), coll, opinfo.is_view(func), opinfo.is_inplace(func))
+            self._names[func] = info
+        return info
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        s = self.session
+        base, op, collective, view, inplace = self._info(func)
+        if s.busy or base in _SKIP or func.namespace == "profiler" or (self.collectives_only and not collective) or not s.enabled_step:
+            return func(*args, **kwargs)
+        phase = s.phase()
+        module, module_class, fwd, tag = s.module_info()
+        if not s.wants(base, op, phase, module):
+            return func(*args, **kwargs)
+        prefix = "Distributed" if collective else "Aten"
+        flags: dict[str, Any] = {}
+        if inplace:
+            flags["inplace"] = True
+        if collective:
+            flags["collective"] = True
+        if view:
+            flags["view"] = True
+        if opinfo.is_random(func):
+            flags["random"] = True
+        if tag is not None and tag.get("node"):
+            flags["node"] = tag["node"]
+        rec = s.new_record(prefix=prefix, base=base, op=op, level="aten", phase=phase, module=module,
+                           module_class=module_class, fwd=fwd, flags=flags)
+        if rec is None:
+            return func(*args, **kwargs)
+        s.busy = True
+        try:
+            rec.tensors = s.describe(flat_args(args, kwargs), "input", rec.id, link=True)
+        finally:
+            s.busy = False
+        out = func(*args, **kwargs)
+        s.busy = True
+        try:
+            outs = flat_outputs(out)
+            rec.tensors += s.describe(outs, "output", rec.id, link=False)
+            s.note_outputs(rec.id, outs)
+            s.commit(rec)
+        finally:
+            s.busy = False
+        return out

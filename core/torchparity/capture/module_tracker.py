@@ -1,0 +1,216 @@
+"""Which module is running: an ordered stack of module paths, maintained by global module hooks.
+
+PyTorch's ``torch.utils.module_tracker.ModuleTracker`` (torch >= 2.4) keeps its parents in an
+unordered set and cannot tell two calls of a shared module apart; it is also absent from the
+torch 2.1-2.3 releases that vendor stacks pin. This tracker uses the same public machinery
+(``register_module_forward_pre_hook`` / ``register_module_forward_hook`` with ``always_call``,
+available since torch 2.0) and keeps an ordered stack plus per-step call counters, which is what
+op naming and matching need.
+
+Module paths are the ``named_modules()`` names relative to a root: the model passed to
+:meth:`ModuleTracker.add_root`, or else the first module seen running with no known parent (its
+children are named on the fly, like ``ModuleTracker._get_mod_name`` does).
+
+Backward attribution: autograd nodes created while a module runs are tagged (in
+``grad_fn.metadata``) with the module path by :func:`tag_graph`; during backward,
+:func:`current_backward_module` reads the tag of the node being executed.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+_META_KEY = "torchparity"
+
+
+@dataclass
+class Frame:
+    """One active module call."""
+
+    module: torch.nn.Module
+    path: str
+    cls: str
+    call_index: int  # how many times this module path ran before in this step (0-based)
+    recompute: bool  # forward re-run during backward (activation checkpointing)
+
+
+def _in_backward() -> bool:
+    try:
+        return torch._C._current_graph_task_id() != -1
+    except AttributeError:  # pragma: no cover - very old torch
+        return False
+
+
+class ModuleTracker:
+    """Tracks the stack of running modules and names them by path.
+
+    Use as a context manager, or ``start()``/``stop()``. Listeners get ``on_enter(frame, args,
+    kwargs)`` and ``on_exit(frame, args, kwargs, output)``; exceptions in listeners propagate (tools
+    must not swallow errors silently) but the stack is kept consistent.
+    """
+
+    def __init__(self) -> None:
+        self._names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+        self._local = threading.local()
+        self._counts: dict[str, int] = {}
+        self._handles: list[Any] = []
+        self.on_enter: list[Callable[..., None]] = []
+        self.on_exit: list[Callable[..., None]] = []
+        self.known_modules: list[tuple[str, str, str | None]] = []  # (path, class, parent) first-seen
+        self._roots: list[torch.nn.Module] = []
+
+    # ---- naming ----------------------------------------------------------------------------
+    def add_root(self, model: torch.nn.Module, prefix: str = "") -> None:
+        """Name every submodule of ``model`` by its ``named_modules()`` path."""
+        self._roots.append(model)
+        for name, mod in model.named_modules():
+            path = f"{prefix}.{name}" if prefix and name else (prefix or name)
+            if mod not in self._names:
+                self._names[mod] = path
+                parent = path.rsplit(".", 1)[0] if "." in path else ("" if path else None)
+                self.known_modules.append((path, type(mod).__name__, parent))
+
+    def name_of(self, module: torch.nn.Module) -> str:
+        name = self._names.get(module)
+        if name is not None:
+            return name
+        # Unknown module: a child of the running module (name it by attribute), or a new root.
+        stack = self.stack
+        if stack:
+            parent = stack[-1]
+            for child_name, child in parent.module.named_children():
+                if child is module:
+                    path = f"{parent.path}.{child_name}" if parent.path else child_name
+                    self.add_root(module, path)
+                    return path
+        self.add_root(module, "")
+        return ""
+
+    # ---- stack -----------------------------------------------------------------------------
+    @property
+    def stack(self) -> list[Frame]:
+        s = getattr(self._local, "stack", None)
+        if s is None:
+            s = self._local.stack = []
+        return s
+
+    def current(self) -> Frame | None:
+        s = self.stack
+        return s[-1] if s else None
+
+    def current_path(self) -> str:
+        s = self.stack
+        return s[-1].path if s else ""
+
+    def current_class(self) -> str | None:
+        s = self.stack
+        return s[-1].cls if s else None
+
+    def new_step(self) -> None:
+        self._counts.clear()
+
+    # ---- hooks -----------------------------------------------------------------------------
+    def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        path = self.name_of(module)
+        key = path + "|" + type(module).__name__
+        idx = self._counts.get(key, 0)
+        self._counts[key] = idx + 1
+        frame = Frame(module, path, type(module).__name__, idx, _in_backward())
+        self.stack.append(frame)
+        replaced = None
+        for fn in self.on_enter:
+            new_args = fn(frame, args if replaced is None else replaced, kwargs)
+            if new_args is not None:
+                replaced = new_args
+        return replaced
+
+    def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        stack = self.stack
+        # pop until this module's frame (a forward that raised may have left frames behind)
+        frame = None
+        while stack:
+            f = stack.pop()
+            if f.module is module:
+                frame = f
+                break
+        if frame is None:
+            return
+        for fn in self.on_exit:
+            fn(frame, args, kwargs, output)
+
+    def start(self) -> "ModuleTracker":
+        from torch.nn.modules import module as mm
+
+        self._handles = [
+            mm.register_module_forward_pre_hook(lambda m, a: self._pre(m, a, {})),  # may return new args
+            mm.register_module_forward_hook(lambda m, a, o: self._post(m, a, {}, o), always_call=True),
+        ]
+        return self
+
+    def stop(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.stack.clear()
+
+    def __enter__(self) -> "ModuleTracker":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# ---- backward attribution ------------------------------------------------------------------
+
+
+def tag_graph(outputs: Any, info: dict[str, Any], stop_at: set[int] | None = None) -> None:
+    """Tag the autograd nodes that produced ``outputs`` (and not yet tagged ones behind them).
+
+    Walks ``grad_fn.next_functions`` from each output tensor and stops at nodes already tagged, so
+    each node is tagged once, by the innermost module/op that created it. ``info`` is stored under
+    ``node.metadata["torchparity"]``.
+    """
+    from torch.utils._pytree import tree_leaves
+
+    todo = []
+    for leaf in tree_leaves(outputs):
+        if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None:
+            todo.append(leaf.grad_fn)
+    seen: set[int] = set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        try:
+            meta = node.metadata
+        except (AttributeError, RuntimeError):  # AccumulateGrad and C++-only nodes
+            continue
+        if _META_KEY in meta:
+            continue
+        if stop_at is not None and id(node) in stop_at:
+            continue
+        meta[_META_KEY] = info
+        todo.extend(fn for fn, _ in node.next_functions if fn is not None)
+
+
+def current_backward_info() -> dict[str, Any] | None:
+    """The tag of the autograd node being executed (during backward), if any."""
+    try:
+        node = torch._C._current_autograd_node()
+    except AttributeError:  # pragma: no cover - torch < 2.0
+        return None
+    if node is None:
+        return None
+    try:
+        return node.metadata.get(_META_KEY)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+in_backward = _in_backward

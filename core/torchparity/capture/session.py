@@ -1,0 +1,314 @@
+"""The capture session: turns intercepted calls into op records and hands them to the writer.
+
+One session serves all capture levels. The interceptors (module hooks in
+:mod:`.module_tracker`, :class:`.api_mode.ApiCaptureMode`, :class:`.aten_mode.AtenCaptureMode`)
+call :meth:`CaptureSession.record`; the session applies the filters, names the op, computes the
+statistics on the device, links each input to the record that produced it, and batches records
+for the writer. It owns the step counter and the per-step name counters, so op names are stable
+across runs of the same script.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Iterable
+
+import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..dump.options import DumpOptions, compile_patterns, matches
+from ..dump.writer import Batch, DumpWriter
+from ..records import OpRecord, TensorEntry
+from .module_tracker import ModuleTracker, current_backward_info, in_backward
+from .stacks import StackTable
+from .stats import stats_tensor, tensor_md5
+
+_SCALAR_TYPES = (int, float, bool, str, type(None))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _scalar_value(x: Any) -> Any:
+    if isinstance(x, _SCALAR_TYPES):
+        if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+            return str(x)
+        return x
+    if isinstance(x, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(x)
+    if isinstance(x, (list, tuple)) and len(x) <= 16 and all(isinstance(v, (int, float, bool)) for v in x):
+        return list(x)
+    return None
+
+
+def current_rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:  # pragma: no cover
+        pass
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def world_size() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+    except Exception:  # pragma: no cover
+        pass
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+class CaptureSession:
+    """State shared by all interceptors of one dump."""
+
+    def __init__(self, options: DumpOptions, writer: DumpWriter, tracker: ModuleTracker) -> None:
+        self.options = options
+        self.writer = writer
+        self.tracker = tracker
+        self.step = 0
+        self.in_optimizer = False
+        self.busy = False  # True while the tool itself computes (its ops must not be recorded)
+        self._lock = threading.RLock()
+        self._next_id = 0
+        self._name_counters: dict[str, int] = {}
+        self._call_counters: dict[tuple[str, str, str], int] = {}
+        self._producers: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> (rid, out_idx, version)
+        self._pending: list[OpRecord] = []
+        self._pending_stats: list[torch.Tensor] = []
+        self._pending_slots: list[TensorEntry] = []
+        self._pending_tensors: dict[str, torch.Tensor] = {}
+        self._pending_owner: dict[str, TensorEntry] = {}
+        self._pending_bytes = 0
+        self._tensor_seq = 0
+        self._filter_count = 0
+        self._in_range = options.op_range is None
+        self._range_done = False
+        self._ops = compile_patterns(options.ops)
+        self._exclude = compile_patterns(options.exclude_ops)
+        self._scope = compile_patterns([s if any(c in s for c in "*?[") or s.startswith("re:") else s + "*" for s in options.scope] if options.scope else None)
+        self._rank = current_rank()
+        self._stacks = StackTable(self._on_new_stack) if options.stack else None
+        self._modules_sent = 0
+        self.enabled_step = self._step_enabled()
+
+    # ---- steps -----------------------------------------------------------------------------
+    def _step_enabled(self) -> bool:
+        o = self.options
+        if o.steps is not None and self.step not in o.steps:
+            return False
+        if o.ranks is not None and self._rank not in o.ranks:
+            return False
+        return True
+
+    def advance_step(self) -> None:
+        """Close the current step: flush its records and start counting the next one."""
+        with self._lock:
+            self.flush()
+            self.writer.end_step(self.step)
+            self.step += 1
+            self._next_id = 0
+            self._name_counters.clear()
+            self._call_counters.clear()
+            self._producers = WeakIdKeyDictionary()
+            self.tracker.new_step()
+            if self._stacks is not None:
+                self._stacks.reset()
+            self._rank = current_rank()
+            self.enabled_step = self._step_enabled()
+
+    # ---- naming ----------------------------------------------------------------------------
+    def phase(self) -> str:
+        if self.in_optimizer:
+            return "optimizer"
+        if in_backward():
+            frame = self.tracker.current()
+            return "recompute" if frame is not None and frame.recompute else "backward"
+        return "forward"
+
+    def _counter(self, key: str) -> int:
+        n = self._name_counters.get(key, 0)
+        self._name_counters[key] = n + 1
+        return n
+
+    def _call_index(self, module: str, op: str, phase: str) -> int:
+        k = (module, op, phase)
+        n = self._call_counters.get(k, 0)
+        self._call_counters[k] = n + 1
+        return n
+
+    # ---- filters ---------------------------------------------------------------------------
+    def wants(self, name_base: str, op: str, phase: str, module: str) -> bool:
+        """Cheap pre-check before any statistics are computed."""
+        o = self.options
+        if not self.enabled_step:
+            return False
+        if o.phases is not None and phase not in o.phases:
+            return False
+        if self._scope is not None and not matches(self._scope, module):
+            return False
+        if self._ops is not None and not matches(self._ops, name_base, op):
+            return False
+        if self._exclude is not None and matches(self._exclude, name_base, op):
+            return False
+        return True
+
+    def _range_and_skip(self, name: str) -> bool:
+        o = self.options
+        if o.op_range is not None:
+            if self._range_done:
+                return False
+            if not self._in_range:
+                if name == o.op_range[0] or name.startswith(o.op_range[0] + "."):
+                    self._in_range = True
+                else:
+                    return False
+            if name == o.op_range[1] or name.startswith(o.op_range[1] + "."):
+                self._range_done = True
+        if o.skip > 1:
+            self._filter_count += 1
+            if (self._filter_count - 1) % o.skip:
+                return False
+        return True
+
+    # ---- tensors ---------------------------------------------------------------------------
+    def describe(self, values: Iterable[tuple[str, Any]], io: str, rid: int, link: bool) -> list[TensorEntry]:
+        """Tensor entries for (arg, value) pairs; statistics are queued on the device."""
+        o = self.options
+        entries: list[TensorEntry] = []
+        want_io = o.io is None or (io in o.io) or (io in ("param", "grad") and "input" in o.io)
+        for arg, v in values:
+            if isinstance(v, torch.Tensor):
+                e = TensorEntry(io=io, arg=arg, dtype=_dtype_name(v.dtype), shape=list(v.shape),
+                                device=str(v.device), requires_grad=bool(v.requires_grad))
+                try:
+                    e.stride = list(v.stride())
+                except RuntimeError:
+                    e.stride = None
+                if link:
+                    prod = self._producers.get(v)
+                    if prod is not None and prod[2] == v._version:
+                        e.producer = [prod[0], prod[1]]
+                if want_io:
+                    st = stats_tensor(v)
+                    if st is not None:
+                        self._pending_stats.append(st)
+                        self._pending_slots.append(e)
+                    if o.mode == "md5":
+                        e.md5 = tensor_md5(v)
+                    elif o.mode == "tensor" and v.layout == torch.strided and v.device.type != "meta":
+                        self._tensor_seq += 1
+                        key = f"{self._tensor_seq}.{io}.{arg}"
+                        cpu = v.detach().to("cpu", copy=True).contiguous()
+                        self._pending_tensors[key] = cpu
+                        self._pending_owner[key] = e
+                        e.file, e.key = "pending", key
+                        self._pending_bytes += cpu.numel() * cpu.element_size()
+                entries.append(e)
+            else:
+                val = _scalar_value(v)
+                if val is not None or v is None:
+                    entries.append(TensorEntry(io=io, arg=arg, kind="none" if v is None else "scalar", value=val))
+        return entries
+
+    def note_outputs(self, rid: int, outputs: list[tuple[str, Any]], overwrite: bool = True) -> None:
+        """Remember which record produced each output tensor (for the inputs' ``producer``)."""
+        for i, (_, v) in enumerate(outputs):
+            if isinstance(v, torch.Tensor):
+                if not overwrite and v in self._producers:
+                    continue
+                try:
+                    self._producers[v] = (rid, i, v._version)
+                except TypeError:
+                    pass
+
+    # ---- records ---------------------------------------------------------------------------
+    def new_record(self, *, prefix: str, base: str, op: str, level: str, phase: str, module: str,
+                   module_class: str | None, fwd: int | None = None, name: str | None = None,
+                   flags: dict[str, Any] | None = None) -> OpRecord | None:
+        """Allocate a named record (counters advance even when the record is filtered out by
+        range/skip, so names stay stable)."""
+        counter = self._counter(f"{prefix}.{base}.{phase}")
+        if name is None:
+            name = f"{prefix}.{base}.{counter}.{phase}"
+        if not self._range_and_skip(name):
+            return None
+        rid = self._next_id
+        self._next_id += 1
+        stack = self._stacks.current() if self._stacks is not None and phase != "backward" else None
+        return OpRecord(id=rid, name=name, op=op, level=level, phase=phase, module=module,
+                        call_index=self._call_index(module, op, phase), step=self.step, rank=self._rank,
+                        module_class=module_class, fwd=fwd, stack=stack, flags=flags or {})
+
+    def commit(self, rec: OpRecord) -> None:
+        self._pending.append(rec)
+        if len(self._pending) >= self.options.batch_size or self._pending_bytes > (64 << 20):
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the pending records to the writer thread (one stacked stats tensor per batch)."""
+        if len(self.tracker.known_modules) > self._modules_sent:
+            self.writer.add_modules(self.tracker.known_modules[self._modules_sent:])
+            self._modules_sent = len(self.tracker.known_modules)
+        if not self._pending:
+            return
+        stats = None
+        if self._pending_stats:
+            prev, self.busy = self.busy, True
+            try:
+                stats = torch.stack([s.to(torch.float64) if s.device.type == "cpu" else s.float() for s in self._pending_stats]) \
+                    if len({s.device for s in self._pending_stats}) == 1 else \
+                    torch.stack([s.detach().to("cpu", torch.float64) for s in self._pending_stats])
+            finally:
+                self.busy = prev
+        batch = Batch(self.step, self._rank, self._pending, self._pending_slots, stats,
+                      self._pending_tensors, self._pending_owner, self._pending_bytes)
+        self._pending, self._pending_stats, self._pending_slots = [], [], []
+        self._pending_tensors, self._pending_owner, self._pending_bytes = {}, {}, 0
+        self.writer.submit(batch)
+
+    def module_info(self) -> tuple[str, str | None, int | None, dict[str, Any] | None]:
+        """(module path, module class, forward record id, backward tag) for the current op."""
+        if in_backward():
+            info = current_backward_info()
+            frame = self.tracker.current()
+            if frame is not None and frame.recompute:
+                return frame.path, frame.cls, None, info
+            if info is not None:
+                return info.get("module", ""), info.get("module_class"), info.get("fwd"), info
+            return "", None, None, None
+        frame = self.tracker.current()
+        if frame is None:
+            return "", None, None, None
+        return frame.path, frame.cls, None, None
+
+    def _on_new_stack(self, sid: int, frames: list[str]) -> None:
+        self.writer.add_stack(self.step, self._rank, sid, frames)
+
+
+def flat_args(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """(arg path, value) pairs for positional and keyword arguments, nested ones flattened."""
+    out: list[tuple[str, Any]] = []
+    for i, a in enumerate(args):
+        if isinstance(a, (list, tuple)) and a and any(isinstance(x, torch.Tensor) for x in a):
+            out.extend((f"{i}.{j}", x) for j, x in enumerate(a))
+        else:
+            out.append((str(i), a))
+    for k, v in kwargs.items():
+        if isinstance(v, (list, tuple)) and v and any(isinstance(x, torch.Tensor) for x in v):
+            out.extend((f"{k}.{j}", x) for j, x in enumerate(v))
+        else:
+            out.append((k, v))
+    return out
+
+
+def flat_outputs(out: Any) -> list[tuple[str, Any]]:
+    leaves, _ = tree_flatten(out)
+    return [(str(i), v) for i, v in enumerate(leaves)]

@@ -1,0 +1,67 @@
+"""Tensor statistics computed on the tensor's own device, without a host sync per tensor.
+
+:func:`stats_tensor` returns a small device tensor ``[max, min, mean, norm, nan, inf]``; the dump
+writer stacks many of them and brings them to the host in one transfer per batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from ..records import STAT_KEYS
+
+_FLOAT_ACC_DEVICES = {"cpu", "cuda"}  # devices where float64 accumulation is cheap and supported
+
+
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    if t.dtype == torch.float64 or t.device.type in _FLOAT_ACC_DEVICES:
+        return torch.float64 if t.dtype == torch.float64 else torch.float32
+    return torch.float32
+
+
+def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
+    """``[max, min, mean, norm, nan_count, inf_count]`` as a float tensor on ``t``'s device.
+
+    Returns None for tensors without statistics (empty, complex, meta, sparse). Integer and bool
+    tensors get max/min and NaN for mean/norm (which are undefined for them: written as null).
+    """
+    if t.numel() == 0 or t.is_complex() or t.device.type == "meta" or t.layout != torch.strided:
+        return None
+    t = t.detach()
+    if t.dtype.is_floating_point:
+        acc = _acc_dtype(t)
+        mn, mx = torch.aminmax(t)
+        mean = t.mean(dtype=acc)
+        norm = torch.linalg.vector_norm(t, dtype=acc)
+        nan = torch.isnan(t).sum()
+        inf = torch.isinf(t).sum()
+        return torch.stack([mx.to(acc), mn.to(acc), mean, norm, nan.to(acc), inf.to(acc)]).to(torch.float64) \
+            if acc == torch.float64 else torch.stack([mx.to(acc), mn.to(acc), mean, norm, nan.to(acc), inf.to(acc)])
+    if t.dtype == torch.bool:
+        t = t.to(torch.uint8)
+    mn, mx = torch.aminmax(t)
+    acc = torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else torch.float32
+    nanv = torch.full((), math.nan, dtype=acc, device=t.device)
+    zero = torch.zeros((), dtype=acc, device=t.device)
+    return torch.stack([mx.to(acc), mn.to(acc), nanv, nanv, zero, zero])
+
+
+def stats_to_dict(values: list[float] | None) -> dict[str, float | None] | None:
+    """Host list of 6 floats -> the record's ``stats`` dict (NaN mean/norm of ints -> None)."""
+    if values is None:
+        return None
+    d: dict[str, float | None] = dict(zip(STAT_KEYS, values))
+    d["nan"] = int(d["nan"])  # type: ignore[arg-type]
+    d["inf"] = int(d["inf"])  # type: ignore[arg-type]
+    return d
+
+
+def tensor_md5(t: torch.Tensor) -> str:
+    """MD5 of the tensor's raw bytes (contiguous, native dtype). Needs a host copy."""
+    flat = t.detach().reshape(-1).contiguous().cpu()
+    if flat.numel() == 0:
+        return hashlib.md5(b"").hexdigest()
+    return hashlib.md5(flat.view(torch.uint8).numpy().tobytes()).hexdigest()

@@ -1,0 +1,215 @@
+"""``torchparity.dump``: capture every op of a training run to a dump directory.
+
+::
+
+    with torchparity.dump("dumps/gpu", level="aten", mode="statistics") as d:
+        for batch in loader:
+            loss = model(batch).loss; loss.backward(); opt.step(); opt.zero_grad()
+            # steps advance by themselves on optimizer.step(); d.step() advances by hand
+
+    d = torchparity.dump(...); d.start(); ...; d.stop()
+    torchparity.dump(config="dump.yaml")      # options from YAML, or an msprobe config.json
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import weakref
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+
+from ..capture.api_mode import ApiCaptureMode
+from ..capture.aten_mode import AtenCaptureMode
+from ..capture.module_capture import ModuleCapture
+from ..capture.module_tracker import ModuleTracker
+from ..capture.session import CaptureSession, world_size
+from ..errors import UsageError
+from ..records import FORMAT_NAME, FORMAT_VERSION
+from .options import DumpOptions, load_options_file
+from .writer import DumpWriter
+
+log = logging.getLogger("torchparity")
+_ACTIVE: "weakref.WeakSet[Dumper]" = weakref.WeakSet()
+
+
+def _describe_backend(name: str | None) -> dict[str, Any]:
+    """The dump header's description of the device that produced it."""
+    try:
+        from ..plugins import get_registry
+
+        reg = get_registry()
+        if name is None:
+            name = "cpu"
+            for cand, b in reg.backends.items():
+                if cand != "cpu" and not getattr(b, "is_emulation", False) and b.is_available():
+                    name = cand
+                    break
+        return reg.backend(name).environment()
+    except Exception as exc:  # describing the device must never stop a dump
+        return {"backend": name or "unknown", "torch_version": torch.__version__, "error": str(exc)}
+
+
+class Dumper:
+    """A running (or ready) dump. Use as a context manager, or call start()/stop()."""
+
+    def __init__(self, options: DumpOptions, model: torch.nn.Module | None = None) -> None:
+        self.options = options
+        self.model = model
+        self._stack: ExitStack | None = None
+        self.session: CaptureSession | None = None
+        self.writer: DumpWriter | None = None
+        self._module_capture: ModuleCapture | None = None
+        self._api_mode: ApiCaptureMode | None = None
+        self._opt_hooks: list[Any] = []
+        self._first_optimizer: int | None = None
+
+    @property
+    def path(self) -> str:
+        return self.options.path
+
+    @property
+    def current_step(self) -> int:
+        return self.session.step if self.session else 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "Dumper":
+        if self._stack is not None:
+            raise UsageError("this dump is already running; call stop() first")
+        o = self.options
+        from .. import __version__
+
+        header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
+                  "level": o.level, "mode": o.mode, "world_size": world_size(),
+                  "backend": _describe_backend(o.backend), "config": o.to_json()}
+        self.writer = DumpWriter(o.path, header, fsync=o.fsync, max_bytes=o.max_bytes,
+                                 max_queue_bytes=o.max_queue_bytes)
+        tracker = ModuleTracker()
+        if self.model is not None:
+            tracker.add_root(self.model)
+        self.session = CaptureSession(o, self.writer, tracker)
+        stack = ExitStack()
+        try:
+            stack.enter_context(tracker)
+            self._module_capture = ModuleCapture(self.session, tracker, record="module" in o.levels)
+            stack.callback(self._module_capture.detach)
+            import torch.optim.optimizer as optim_mod
+
+            self._opt_hooks = [
+                optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre),
+                optim_mod.register_optimizer_step_post_hook(self._on_opt_post),
+            ]
+            if "aten" in o.levels:
+                stack.enter_context(AtenCaptureMode(self.session))
+            elif torch.distributed.is_available():
+                stack.enter_context(AtenCaptureMode(self.session, collectives_only=True))
+            if "api" in o.levels:
+                self._api_mode = ApiCaptureMode(self.session)
+                stack.enter_context(self._api_mode)
+        except Exception:
+            stack.close()
+            self.writer.close()
+            raise
+        self._stack = stack
+        _ACTIVE.add(self)
+        return self
+
+    def stop(self) -> None:
+        """Stop capturing, write everything, close the dump (also done at interpreter exit)."""
+        if self._stack is None:
+            return
+        try:
+            self._finish_step_records()
+            self._stack.close()
+        finally:
+            for h in self._opt_hooks:
+                h.remove()
+            self._opt_hooks = []
+            self._stack = None
+            if self.session is not None:
+                self.session.flush()
+            if self.writer is not None:
+                self.writer.close()
+                if self.writer.error:
+                    log.error(self.writer.error)
+            _ACTIVE.discard(self)
+
+    def step(self) -> None:
+        """End the current step by hand (steps also end on ``optimizer.step()``)."""
+        if self.session is None:
+            raise UsageError("the dump is not running; call start() first")
+        self._finish_step_records()
+        self.session.advance_step()
+        if self._module_capture is not None:
+            self._module_capture.new_step()
+
+    def flush(self) -> None:
+        """Write everything captured so far to disk and wait for it."""
+        if self.session is not None and self.writer is not None:
+            self.session.flush()
+            self.writer.flush()
+
+    def _finish_step_records(self) -> None:
+        if self._api_mode is not None and self.session is not None:
+            prev, self.session.busy = self.session.busy, False
+            try:
+                self._api_mode.flush_backward()
+            finally:
+                self.session.busy = prev
+
+    # ---- optimizer hooks ---------------------------------------------------------------------
+    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.session is not None:
+            self._finish_step_records()
+            self.session.in_optimizer = True
+
+    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.session is None:
+            return
+        self.session.in_optimizer = False
+        if self._first_optimizer is None:
+            self._first_optimizer = id(optimizer)
+        if id(optimizer) == self._first_optimizer:  # several optimizers: one step per iteration
+            self.step()
+
+    def __enter__(self) -> "Dumper":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def dump(path: str | None = None, *, config: str | None = None, model: torch.nn.Module | None = None,
+         **options: Any) -> Dumper:
+    """Create a dump of everything the model computes (start it with ``with`` or ``.start()``).
+
+    :param path: output directory (created). Layout: ``path/step{S}/rank{R}/``.
+    :param config: a YAML file of options, or an msprobe ``config.json`` (mapped; unknown keys rejected).
+    :param model: optional root module, to name modules by their path in it from the start.
+    :param options: any :class:`~torchparity.dump.options.DumpOptions` field: ``level`` (module,
+        api, aten, mix), ``mode`` (statistics, md5, tensor), ``steps``, ``ranks``, ``phases``,
+        ``io``, ``ops``, ``exclude_ops``, ``scope``, ``op_range``, ``skip``, ``stack``,
+        ``max_bytes``, ``backend`` ...
+    """
+    kwargs: dict[str, Any] = {}
+    if config is not None:
+        kwargs.update(load_options_file(config))
+    kwargs.update(options)
+    if path is not None:
+        kwargs["path"] = path
+    try:
+        opts = DumpOptions(**kwargs)
+    except TypeError as exc:
+        raise UsageError(f"unknown dump option: {exc}") from None
+    return Dumper(opts, model=model)
+
+
+@atexit.register
+def _close_active_dumps() -> None:
+    for d in list(_ACTIVE):
+        try:
+            d.stop()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
