@@ -239,7 +239,12 @@ class CudaBackend(DeviceBackend):
         import torch
 
         m = _matmul()
-        sw = super().numerics_switches()
+        sw = {
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            # the base class's torch.get_float32_matmul_precision() raises on torch >= 2.9 once
+            # the legacy and the new TF32 APIs were mixed; never let that break a dump header
+            "float32_matmul_precision": _float32_matmul_precision(),
+        }
         sw.update(
             allow_tf32=bool(m.allow_tf32),
             cudnn_allow_tf32=bool(torch.backends.cudnn.allow_tf32),
@@ -283,10 +288,15 @@ class CudaBackend(DeviceBackend):
             "cudnn_deterministic": (torch.backends.cudnn, "deterministic"),
             "cudnn_benchmark": (torch.backends.cudnn, "benchmark"),
         }
-        prev: dict[str, Any] = {}
+        prev: dict[str, Any] = {"_fp32_precision": _fp32_precision_snapshot()}
+        # read every previous value before changing anything: the switches are linked (allow_tf32
+        # changes what get_float32_matmul_precision() answers)
+        before_precision = _float32_matmul_precision()
         for key, value in want.items():
             if value is None:
                 continue
+            if key == "_fp32_precision":
+                continue  # restored last, below
             if key in targets:
                 obj, attr = targets[key]
                 if not hasattr(obj, attr):
@@ -297,15 +307,25 @@ class CudaBackend(DeviceBackend):
                 prev[key] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
                 os.environ["CUBLAS_WORKSPACE_CONFIG"] = str(value)
             elif key == "float32_matmul_precision":
-                prev[key] = torch.get_float32_matmul_precision()
-                torch.set_float32_matmul_precision(str(value))
+                prev[key] = before_precision
+                if value != "unknown":
+                    torch.set_float32_matmul_precision(str(value))
             else:
                 raise UsageError(f"backend '{self.name}': unknown numerics switch {key!r}")
+        if want.get("_fp32_precision"):
+            _fp32_precision_restore(want["_fp32_precision"])
+        if len(prev) == 1:
+            prev.pop("_fp32_precision")
         return prev
 
     @contextmanager
     def numerics(self, **overrides: Any) -> Iterator[dict[str, Any]]:
-        """Context manager: apply ``overrides`` (Options field names), restore on exit."""
+        """Context manager: apply ``overrides`` (Options field names), restore on exit.
+
+        On torch >= 2.9 the legacy TF32 flags and the new ``fp32_precision`` settings are
+        linked (setting ``allow_tf32`` back to False turns "none" into "ieee"), so those are
+        snapshotted and restored as well.
+        """
         prev = self.apply_numerics(overrides)
         try:
             yield self.numerics_switches()
@@ -340,6 +360,50 @@ class CudaBackend(DeviceBackend):
             nccl = _safe(lambda: torch.cuda.nccl.version())
             env["nccl_version"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
         return env
+
+
+#: torch >= 2.9: objects under torch.backends with an ``fp32_precision`` setting (the new TF32 API)
+_FP32_PRECISION_PATHS = ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul",
+                         "mkldnn.conv", "mkldnn.rnn")
+
+
+def _fp32_precision_objects() -> list[tuple[str, Any]]:
+    import torch
+
+    found = []
+    for path in _FP32_PRECISION_PATHS:
+        obj: Any = torch.backends
+        for part in filter(None, path.split(".")):
+            obj = getattr(obj, part, None)
+        if obj is not None and hasattr(obj, "fp32_precision"):
+            found.append((path, obj))
+    return found
+
+
+def _fp32_precision_snapshot() -> dict[str, str]:
+    """Every ``fp32_precision`` setting (empty before torch 2.9). Setting a legacy TF32 flag
+    rewrites these, so restoring the legacy flags alone does not restore the process state."""
+    return {path: str(obj.fp32_precision) for path, obj in _fp32_precision_objects()}
+
+
+def _fp32_precision_restore(snapshot: Mapping[str, str]) -> None:
+    for path, obj in _fp32_precision_objects():  # generic first, then the specific ones
+        if path in snapshot:
+            try:
+                obj.fp32_precision = snapshot[path]
+            except Exception:  # pragma: no cover - a value this build rejects
+                pass
+
+
+def _float32_matmul_precision() -> str:
+    """``torch.get_float32_matmul_precision()``, or "unknown" when torch refuses to answer
+    (torch >= 2.9 raises after legacy and new TF32 APIs were mixed)."""
+    import torch
+
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return "unknown"
 
 
 def _safe(fn: Any) -> Any:

@@ -1,0 +1,208 @@
+"""``torchparity overflow DUMP``: the first op that produced NaN/Inf, per rank and step.
+
+Works on one dump, no benchmark and no device needed. Uses the ``overflow`` checker plugin
+(``torchparity-checker-overflow``) on :func:`torchparity.load_dump`'s table, prints the first
+critical op of each (step, rank) with its module path and call stack, lists steps that
+GradScaler skipped (not blamed on an op), and writes the same as ``OUT/overflow.json``.
+
+Exit codes: 0 no critical op, 1 a critical op was found, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import EXIT_FINDINGS, EXIT_OK, registry_from
+
+
+def _jsonable(x: Any) -> Any:
+    """Strict-JSON value: numpy scalars unwrapped, NaN/Inf as the dump format's strings."""
+    if hasattr(x, "item") and not isinstance(x, (list, dict, str)):
+        try:
+            x = x.item()
+        except (ValueError, AttributeError):
+            pass
+    if isinstance(x, float):
+        if math.isnan(x):
+            return None
+        if math.isinf(x):
+            return "Infinity" if x > 0 else "-Infinity"
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    return x
+
+
+def _rank_dirs(dump: Path) -> dict[tuple[int, int], Path]:
+    out: dict[tuple[int, int], Path] = {}
+    for header in dump.glob("step*/rank*/header.json"):
+        try:
+            step = int(header.parent.parent.name[4:])
+            rank = int(header.parent.name[4:])
+        except ValueError:
+            continue
+        out[(step, rank)] = header.parent
+    return out
+
+
+def _headers(dirs: dict[tuple[int, int], Path]) -> dict[tuple[int, int], dict[str, Any]]:
+    headers = {}
+    for key, d in dirs.items():
+        try:
+            headers[key] = json.loads((d / "header.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return headers
+
+
+def _stacks(d: Path | None) -> dict[int, list[str]]:
+    stacks: dict[int, list[str]] = {}
+    if d is None or not (d / "stacks.jsonl").is_file():
+        return stacks
+    with open(d / "stacks.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                obj = json.loads(line)
+                stacks[int(obj["id"])] = list(obj.get("frames") or [])
+            except (ValueError, KeyError, TypeError):
+                continue  # a truncated last line
+    return stacks
+
+
+def _stack_frames(value: Any, stacks: dict[int, list[str]]) -> list[str]:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    if isinstance(value, str):
+        return [value]
+    try:
+        return stacks.get(int(value), [])
+    except (TypeError, ValueError):
+        return []
+
+
+def saturation_dtypes(headers: dict[tuple[int, int], dict[str, Any]]) -> list[str]:
+    """float32 (and wider) count as saturating when a header says the device ran in saturation
+    mode (Ascend with INF_NAN mode off): overflow there gives the dtype's max, not Inf."""
+    for h in headers.values():
+        backend = h.get("backend") or {}
+        mode = backend.get("overflow_mode") or (backend.get("numerics") or {}).get("overflow_mode")
+        if mode == "saturation":
+            return ["float32"]
+    return []
+
+
+def analyse(dump: str | Path, step: int | None = None, rank: int | None = None, checker: Any = None) -> dict[str, Any]:
+    """Run the overflow analysis on a dump directory; return the report as a JSON-able dict."""
+    import pandas as pd
+
+    from .. import load_dump
+    from ..errors import DumpError, UsageError
+    from ..plugin_types import CheckContext
+
+    path = Path(dump)
+    if not path.exists():
+        raise UsageError(f"dump {path} does not exist; pass the directory written by torchparity run / torchparity.dump")
+    if checker is None:
+        raise UsageError("no overflow checker given")
+    frame = load_dump(path)
+    if not isinstance(frame, pd.DataFrame):
+        raise DumpError(f"could not read {path} as a dump")
+    warnings = list(frame.attrs.get("warnings", []) or [])
+    if step is not None:
+        frame = frame[frame["step"] == step]
+    if rank is not None:
+        frame = frame[frame["rank"] == rank]
+    dirs = _rank_dirs(path) if path.is_dir() else {}
+    headers = _headers(dirs)
+    sat = saturation_dtypes(headers)
+    ctx = CheckContext(mode="statistics", extra={"saturation_dtypes": sat})
+    result = checker.scan_dump(frame, ctx)
+    stack_cache: dict[tuple[int, int], dict[int, list[str]]] = {}
+
+    def frames_for(row: Any) -> list[str]:
+        key = (int(row["step"]), int(row["rank"]))
+        if key not in stack_cache:
+            stack_cache[key] = _stacks(dirs.get(key))
+        return _stack_frames(row["stack"], stack_cache[key])
+
+    counts = {lvl: int((result["level"] == lvl).sum()) for lvl in ("critical", "high", "medium")}
+    first: list[dict[str, Any]] = []
+    crit = result[result["level"] == "critical"]
+    if not crit.empty:
+        crit = crit.sort_values(["step", "rank", "record_id"], kind="stable")
+        for _, row in crit.groupby(["step", "rank"], sort=True).head(1).iterrows():
+            first.append({
+                "step": int(row["step"]), "rank": int(row["rank"]), "record_id": int(row["record_id"]),
+                "name": row["name"], "op": row["op"], "module": row["module"] or "", "phase": row["phase"],
+                "reason": row["reason"], "stack": frames_for(row),
+            })
+    skipped = result[result["amp_skipped"].astype(bool)]
+    amp = sorted({(int(s), int(r)) for s, r in zip(skipped["step"], skipped["rank"])})
+    per_step = []
+    for (s, r), grp in result.groupby(["step", "rank"], sort=True):
+        per_step.append({"step": int(s), "rank": int(r),
+                         **{lvl: int((grp["level"] == lvl).sum()) for lvl in ("critical", "high", "medium")}})
+    return _jsonable({
+        "dump": str(path), "step": step, "rank": rank, "saturation_dtypes": sat,
+        "records": int(len(result)), "counts": counts, "first_critical": first,
+        "gradscaler_skipped": [{"step": s, "rank": r, "reason": "skipped by GradScaler (found_inf); not blamed on an op"} for s, r in amp],
+        "per_step": per_step, "warnings": warnings,
+    })
+
+
+@click.command("overflow")
+@click.argument("dump", type=click.Path(file_okay=True, dir_okay=True))
+@click.option("-o", "--output", "output", type=click.Path(file_okay=False), default="out", show_default=True,
+              help="Directory for overflow.json.")
+@click.option("--step", type=int, default=None, help="Only this step.")
+@click.option("--rank", type=int, default=None, help="Only this rank.")
+@click.pass_context
+def overflow(ctx: click.Context, dump: str, output: str, step: int | None, rank: int | None) -> int:
+    """Find the op where NaN/Inf (or fp16/bf16 saturation) first appeared, per rank and step.
+
+    \b
+    Levels: critical = finite inputs, non-finite output (the culprit);
+            high     = non-finite in and out, or output norm exploding;
+            medium   = non-finite inputs, finite output.
+    Steps that GradScaler skipped (found_inf) are reported, not blamed.
+    Exit code 1 when a critical op is found, 0 when clean, 2 on bad input.
+    """
+    reg = registry_from(ctx)
+    checker = reg.get("checker", "overflow")
+    report = analyse(dump, step=step, rank=rank, checker=checker)
+    out_dir = Path(output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_file = out_dir / "overflow.json"
+    out_file.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(120, Console().width))
+    for w in report["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}")
+    c = report["counts"]
+    if report["first_critical"]:
+        table = Table(title=f"First critical op per step and rank ({report['dump']})")
+        for col in ("step", "rank", "op record", "module", "phase", "reason", "stack (innermost last)"):
+            table.add_column(col, overflow="fold")
+        for f in report["first_critical"]:
+            table.add_row(str(f["step"]), str(f["rank"]), f["name"], f["module"] or "(top level)", f["phase"],
+                          f["reason"], "\n".join(f["stack"][-4:]) or "(no stack recorded)")
+        console.print(table)
+    for s in report["gradscaler_skipped"]:
+        console.print(f"step {s['step']} rank {s['rank']}: {s['reason']}")
+    console.print(f"{report['records']} op records: {c['critical']} critical, {c['high']} high, {c['medium']} medium. "
+                  f"Report: {out_file}")
+    if not report["first_critical"]:
+        console.print("[green]no critical overflow found[/]")
+        return EXIT_OK
+    return EXIT_FINDINGS
