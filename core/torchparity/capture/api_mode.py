@@ -5,11 +5,10 @@ Only the outermost call is recorded (inside a handler the mode is off, so ``F.li
 other torch functions is one record). Calls that return no tensor (``size()``, ``dim()``) and
 attribute access are passed through untouched.
 
-Backward: for an out-of-place call whose inputs require grad, each such input is passed to the
-op as a zero-cost alias (``x.view_as(x)``) with a gradient hook, and each output gets a gradient
-hook, so the op's backward record holds exactly this op's gradients (its true VJP: grad outputs as
-inputs, grad inputs as outputs), not the total gradient of a tensor used in several places.
-Aliasing changes no value: the model's results stay bitwise identical.
+Backward: for an out-of-place call whose inputs require grad, :mod:`.grad_capture` observes the
+autograd nodes the call created, so the op's backward record holds exactly this op's gradients
+(its VJP: grad outputs as inputs, grad inputs as outputs), not the total gradient of a tensor used
+in several places. Only hooks that read are added: the model's results stay bitwise identical.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..records import OpRecord
+from .grad_capture import GradWatch, next_sequence_nr, watch_call
 from .module_tracker import tag_graph
 from .session import CaptureSession, flat_args, flat_outputs
 
@@ -39,7 +39,7 @@ _PASSTHROUGH = frozenset({
 def classify(func: Any) -> tuple[str, str, str] | None:
     """(prefix, base name, op id) for a torch function, or None to pass it through."""
     name = getattr(func, "__name__", None)
-    if name is None or name in _PASSTHROUGH:
+    if name is None or name in _PASSTHROUGH or name.startswith("_record_function"):
         return None
     module = getattr(func, "__module__", None) or ""
     objclass = getattr(func, "__objclass__", None)
@@ -68,17 +68,6 @@ def _is_inplace_call(base: str, kwargs: dict) -> bool:
     return (base.endswith("_") and not base.endswith("__")) or base.startswith("__i") or base == "__setitem__" or "out" in kwargs
 
 
-class _PendingBackward:
-    __slots__ = ("name", "op", "module", "module_class", "fwd", "grads_out", "grads_in", "n_in", "done")
-
-    def __init__(self, name: str, op: str, module: str, module_class: str | None, fwd: int, n_in: int) -> None:
-        self.name, self.op, self.module, self.module_class, self.fwd = name, op, module, module_class, fwd
-        self.grads_out: list[tuple[str, torch.Tensor]] = []
-        self.grads_in: list[tuple[str, torch.Tensor]] = []
-        self.n_in = n_in
-        self.done = False
-
-
 class ApiCaptureMode(TorchFunctionMode):
     """Records API calls into a :class:`CaptureSession` (levels ``api`` and ``mix``)."""
 
@@ -86,49 +75,62 @@ class ApiCaptureMode(TorchFunctionMode):
         super().__init__()
         self.session = session
         self.tag_only = tag_only
-        self._pending_bw: list[_PendingBackward] = []
+        self._pending_bw: list[GradWatch] = []
 
     # -- backward assembly --------------------------------------------------------------------
-    def _grad_out_hook(self, pb: _PendingBackward, arg: str, grad: torch.Tensor) -> None:
-        pb.grads_out.append((arg, grad))
-
-    def _grad_in_hook(self, pb: _PendingBackward, arg: str, grad: torch.Tensor) -> None:
-        pb.grads_in.append((arg, grad))
-        if len(pb.grads_in) >= pb.n_in:
-            self._emit_backward(pb)
-
-    def _emit_backward(self, pb: _PendingBackward) -> None:
-        if pb.done:
-            return
-        pb.done = True
+    def _emit_backward(self, watch: GradWatch) -> None:
         s = self.session
-        if not s.wants(pb.name.split(".")[1], pb.name, "backward", pb.module):
+        name, op, module, module_class, fwd = watch.meta
+        base = name.split(".")[1]
+        if not s.wants(base, op, "backward", module):
             return
-        prefix, base = pb.name.split(".")[0], pb.name.split(".")[1]
-        rec = s.new_record(prefix=prefix, base=base, op=pb.name, level="api", phase="backward",
-                           module=pb.module, module_class=pb.module_class, fwd=pb.fwd,
-                           name=pb.name.rsplit(".", 1)[0] + ".backward")
+        rec = s.new_record(prefix=name.split(".")[0], base=base, op=op, level="api", phase="backward",
+                           module=module, module_class=module_class, fwd=fwd,
+                           name=name.rsplit(".", 1)[0] + ".backward")
         if rec is None:
             return
-        rec.op = pb.op
         prev, s.busy = s.busy, True
         try:
-            rec.tensors = s.describe(sorted(pb.grads_out), "input", rec.id, link=False)
-            rec.tensors += s.describe(sorted(pb.grads_in), "output", rec.id, link=False)
+            rec.tensors = s.describe(sorted(watch.grads_out, key=lambda kv: kv[0]), "input", rec.id, link=False)
+            rec.tensors += s.describe(watch.summed_grads_in(), "output", rec.id, link=False)
             s.commit(rec)
         finally:
             s.busy = prev
-        pb.grads_out.clear()
-        pb.grads_in.clear()
+        watch.grads_out.clear()
+        watch.grads_in.clear()
 
     def flush_backward(self) -> None:
         """At a step boundary: emit backward records whose hooks did not all fire."""
-        for pb in self._pending_bw:
-            if not pb.done and (pb.grads_in or pb.grads_out):
-                self._emit_backward(pb)
-        self._pending_bw = [pb for pb in self._pending_bw if not pb.done]
+        for w in self._pending_bw:
+            if not w.done and w.has_data:
+                w.finish()
+        self._pending_bw = [w for w in self._pending_bw if not w.done]
         if len(self._pending_bw) > 100000:
             self._pending_bw.clear()
+
+    def _call_unrecorded(self, func: Any, args: tuple, kwargs: dict, name: str, op: str, phase: str,
+                         module: str, module_class: str | None) -> Any:
+        s = self.session
+        grad_inputs = []
+        if s.options.backward and phase == "forward" and torch.is_grad_enabled() and not _is_inplace_call(name.split(".")[1], kwargs):
+            grad_inputs = [(str(i), a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        if not grad_inputs:
+            return func(*args, **kwargs)
+        s.busy = True
+        try:
+            seq0 = next_sequence_nr()
+        finally:
+            s.busy = False
+        out = func(*args, **kwargs)
+        s.busy = True
+        try:
+            watch = watch_call(grad_inputs, flat_outputs(out), seq0, self._emit_backward,
+                               meta=(name, op, module, module_class, None))
+            if watch is not None:
+                self._pending_bw.append(watch)
+        finally:
+            s.busy = False
+        return out
 
     # -- interception ----------------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -152,8 +154,8 @@ class ApiCaptureMode(TorchFunctionMode):
             return out
         rec = s.new_record(prefix=prefix, base=base, op=op, level="api", phase=phase, module=module,
                            module_class=module_class, fwd=fwd)
-        if rec is None:
-            return func(*args, **kwargs)
+        if rec is None:  # filtered by op_range/skip: its backward still counts for the filters
+            return self._call_unrecorded(func, args, kwargs, s.last_filtered_name, op, phase, module, module_class)
         flat = flat_args(args, kwargs)
         s.busy = True
         try:
@@ -162,32 +164,28 @@ class ApiCaptureMode(TorchFunctionMode):
             if (s.options.backward and phase == "forward" and torch.is_grad_enabled()
                     and not _is_inplace_call(base, kwargs)):
                 grad_inputs = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-            pb = None
-            if grad_inputs:
-                pb = _PendingBackward(rec.name, op, module, module_class, rec.id, len(grad_inputs))
-                args = list(args)
-                for i, a in grad_inputs:
-                    alias = a.view_as(a)
-                    alias.register_hook(functools.partial(self._grad_in_hook, pb, str(i)))
-                    args[i] = alias
-                args = tuple(args)
+            seq0 = next_sequence_nr() if grad_inputs else None
         finally:
             s.busy = False
-        out = func(*args, **kwargs)
+        if prefix == "Distributed":
+            s.api_collective_depth += 1  # the aten-level c10d op inside is the same collective
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                s.api_collective_depth -= 1
+        else:
+            out = func(*args, **kwargs)
         s.busy = True
         try:
             outs = flat_outputs(out)
             rec.tensors += s.describe(outs, "output", rec.id, link=False)
             s.note_outputs(rec.id, outs)
             s.commit(rec)
-            if pb is not None:
-                n_hooked = 0
-                for arg, v in outs:
-                    if isinstance(v, torch.Tensor) and v.requires_grad and v.grad_fn is not None:
-                        v.register_hook(functools.partial(self._grad_out_hook, pb, arg))
-                        n_hooked += 1
-                if n_hooked:
-                    self._pending_bw.append(pb)
+            if seq0 is not None:
+                watch = watch_call([(str(i), a) for i, a in grad_inputs], outs, seq0, self._emit_backward,
+                                   meta=(rec.name, op, module, module_class, rec.id))
+                if watch is not None:
+                    self._pending_bw.append(watch)
             if phase == "forward" and torch.is_grad_enabled():
                 tag_graph(out, {"module": module, "module_class": module_class, "fwd": rec.id, "node": rec.name})
         finally:

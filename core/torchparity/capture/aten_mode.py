@@ -46,7 +46,7 @@ class AtenCaptureMode(TorchDispatchMode):
         kwargs = kwargs or {}
         s = self.session
         base, op, collective, view, inplace = self._info(func)
-        if s.busy or base in _SKIP or func.namespace == "profiler" or (self.collectives_only and not collective) or not s.enabled_step:
+        if s.busy or base in _SKIP or func.namespace == "profiler" or (self.collectives_only and (not collective or s.api_collective_depth)) or not s.enabled_step:
             return func(*args, **kwargs)
         phase = s.phase()
         module, module_class, fwd, tag = s.module_info()

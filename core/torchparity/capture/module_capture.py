@@ -15,6 +15,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..records import module_record_name
+from .grad_capture import GradWatch, next_sequence_nr, watch_call
 from .module_tracker import Frame, ModuleTracker, tag_graph
 from .session import CaptureSession, flat_args, flat_outputs
 
@@ -30,6 +31,7 @@ class ModuleCapture:
         self._param_hooks: "weakref.WeakKeyDictionary[torch.nn.Module, list[Any]]" = weakref.WeakKeyDictionary()
         self._handles: list[Any] = []
         self._grad_counters: dict[str, int] = {}
+        self._pending_bw: list[GradWatch] = []
         tracker.on_enter.append(self.on_enter)
         tracker.on_exit.append(self.on_exit)
 
@@ -52,7 +54,6 @@ class ModuleCapture:
         s = self.session
         stop = {id(t.grad_fn) for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.grad_fn is not None}
         pending = None
-        new_args = None
         if self.record and s.enabled_step and not s.busy:
             if s.options.params and frame.module not in self._param_hooks:
                 self._hook_params(frame)
@@ -64,83 +65,79 @@ class ModuleCapture:
                     if s.options.params:
                         tensors += s.describe(
                             [(n, p) for n, p in frame.module.named_parameters(recurse=False)], "param", -1, link=False)
-                    pb = None
+                    seq0 = None
                     if (s.options.backward and phase == "forward" and torch.is_grad_enabled()
                             and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
-                        new_args, pb = self._alias_inputs(frame, args)
-                    pending = (phase, tensors, pb)
+                        seq0 = next_sequence_nr()
+                    pending = (phase, tensors, seq0)
                 finally:
                     s.busy = False
         self._open[id(frame)] = (pending, stop)
-        return new_args
+        return None
 
     def on_exit(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
         s = self.session
         pending, stop = self._open.pop(id(frame), (None, set()))
         rec = None
         if pending is not None:
-            phase, tensors, pb = pending
+            phase, tensors, seq0 = pending
             rec = s.new_record(prefix="Module", base=frame.path, op=frame.cls, level="module", phase=phase,
                                module=frame.path, module_class=frame.cls,
                                name=module_record_name(frame.path, frame.cls, phase, frame.call_index))
-            if pb is not None and rec is not None:
-                pb["fwd"] = rec.id
         if torch.is_grad_enabled() and not frame.recompute:
             tag_graph(output, {"module": frame.path, "module_class": frame.cls,
                                "fwd": rec.id if rec is not None else None, "node": None}, stop_at=stop)
-        if rec is None:
+        if pending is None:
             return
         s.busy = True
         try:
             outs = flat_outputs(output)
-            rec.tensors = tensors + s.describe(outs, "output", rec.id, link=False)
-            s.note_outputs(rec.id, outs, overwrite=False)
-            if pb is not None:
-                for arg, v in outs:
-                    if isinstance(v, torch.Tensor) and v.requires_grad and v.grad_fn is not None:
-                        v.register_hook(functools.partial(self._grad_out, pb, arg))
-            s.commit(rec)
+            if seq0 is not None:  # also when the forward record was filtered out (range/skip)
+                inputs = [(str(i), a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+                watch = watch_call(inputs, outs, seq0, self._emit_backward,
+                                   meta=(frame.path, frame.cls, frame.call_index, rec.id if rec is not None else None))
+                if watch is not None:
+                    self._pending_bw.append(watch)
+            if rec is not None:
+                rec.tensors = tensors + s.describe(outs, "output", rec.id, link=False)
+                s.note_outputs(rec.id, outs, overwrite=False)
+                s.commit(rec)
         finally:
             s.busy = False
 
     # ---- backward ----------------------------------------------------------------------------
-    def _alias_inputs(self, frame: Frame, args: tuple) -> tuple[tuple, dict[str, Any]]:
-        pb: dict[str, Any] = {"frame": (frame.path, frame.cls, frame.call_index), "fwd": None,
-                              "out": [], "in": [], "n_in": 0, "done": False}
-        new = list(args)
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and a.requires_grad:
-                alias = a.view_as(a)
-                alias.register_hook(functools.partial(self._grad_in, pb, str(i)))
-                new[i] = alias
-                pb["n_in"] += 1
-        return tuple(new), pb
+    def _emit_backward(self, watch: GradWatch) -> None:
+        s = self.session
+        path, cls, idx, fwd = watch.meta
+        if not s.wants(cls, cls, "backward", path):
+            return
+        rec = s.new_record(prefix="Module", base=path, op=cls, level="module", phase="backward",
+                           module=path, module_class=cls, fwd=fwd,
+                           name=module_record_name(path, cls, "backward", idx))
+        if rec is None:
+            return
+        prev, s.busy = s.busy, True
+        try:
+            rec.tensors = s.describe(sorted(watch.grads_out, key=lambda kv: kv[0]), "input", rec.id, link=False)
+            rec.tensors += s.describe(watch.summed_grads_in(), "output", rec.id, link=False)
+            s.commit(rec)
+        finally:
+            s.busy = prev
+        watch.grads_out.clear()
+        watch.grads_in.clear()
 
-    def _grad_out(self, pb: dict[str, Any], arg: str, grad: torch.Tensor) -> None:
-        pb["out"].append((arg, grad))
-
-    def _grad_in(self, pb: dict[str, Any], arg: str, grad: torch.Tensor) -> None:
-        pb["in"].append((arg, grad))
-        if len(pb["in"]) >= pb["n_in"] and not pb["done"]:
-            pb["done"] = True
-            s = self.session
-            path, cls, idx = pb["frame"]
-            if not s.wants(cls, cls, "backward", path):
-                return
-            rec = s.new_record(prefix="Module", base=path, op=cls, level="module", phase="backward",
-                               module=path, module_class=cls, fwd=pb["fwd"],
-                               name=module_record_name(path, cls, "backward", idx))
-            if rec is None:
-                return
-            prev, s.busy = s.busy, True
-            try:
-                rec.tensors = s.describe(sorted(pb["out"]), "input", rec.id, link=False)
-                rec.tensors += s.describe(sorted(pb["in"]), "output", rec.id, link=False)
-                s.commit(rec)
-            finally:
-                s.busy = prev
-            pb["out"].clear()
-            pb["in"].clear()
+    def flush_backward(self) -> None:
+        """At a step boundary: emit backward records whose hooks did not all fire."""
+        prev, self.session.busy = self.session.busy, False
+        try:
+            for w in self._pending_bw:
+                if not w.done and w.has_data:
+                    w.finish()
+        finally:
+            self.session.busy = prev
+        self._pending_bw = [w for w in self._pending_bw if not w.done]
+        if len(self._pending_bw) > 100000:
+            self._pending_bw.clear()
 
     def _hook_params(self, frame: Frame) -> None:
         hooks = []

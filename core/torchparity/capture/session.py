@@ -76,6 +76,8 @@ class CaptureSession:
         self.step = 0
         self.in_optimizer = False
         self.busy = False  # True while the tool itself computes (its ops must not be recorded)
+        self.api_collective_depth = 0
+        self.last_filtered_name = ""  # name of the last record new_record() filtered out (range/skip)  # >0 while an API-level collective call is running
         self._lock = threading.RLock()
         self._next_id = 0
         self._name_counters: dict[str, int] = {}
@@ -239,6 +241,7 @@ class CaptureSession:
         if name is None:
             name = f"{prefix}.{base}.{counter}.{phase}"
         if not self._range_and_skip(name):
+            self.last_filtered_name = name
             return None
         rid = self._next_id
         self._next_id += 1

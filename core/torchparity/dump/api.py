@@ -152,6 +152,8 @@ class Dumper:
             self.writer.flush()
 
     def _finish_step_records(self) -> None:
+        if self._module_capture is not None and self.session is not None:
+            self._module_capture.flush_backward()
         if self._api_mode is not None and self.session is not None:
             prev, self.session.busy = self.session.busy, False
             try:

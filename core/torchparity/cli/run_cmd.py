@@ -1,0 +1,89 @@
+"""``torchparity run``: dump an unmodified training script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from ..records import LEVELS, MODES
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Dump directory (created).")
+@click.option("--level", type=click.Choice(LEVELS), default="aten", show_default=True,
+              help="module: nn.Module calls; api: torch/functional/Tensor calls; aten: every kernel incl. backward and optimizer; mix: module+api.")
+@click.option("--mode", type=click.Choice(MODES), default="statistics", show_default=True,
+              help="statistics: max/min/mean/norm/NaN/Inf per tensor; md5: plus a checksum; tensor: plus full tensors (safetensors).")
+@click.option("--steps", default=None, help="Steps to dump, e.g. '0,2,5-7' (default: all).")
+@click.option("--ranks", default=None, help="Ranks to dump, e.g. '0' or '0-3' (default: all).")
+@click.option("--ops", multiple=True, help="Only ops matching this pattern (fnmatch on name or op, or 're:REGEX'). Repeatable.")
+@click.option("--exclude-ops", multiple=True, help="Skip ops matching this pattern. Repeatable.")
+@click.option("--scope", multiple=True, help="Only ops inside modules matching this path pattern (e.g. 'layers.1*'). Repeatable.")
+@click.option("--phases", default=None, help="Comma list of forward,backward,optimizer,recompute (default: all).")
+@click.option("--max-bytes", type=int, default=None, help="Stop saving tensors after this many bytes (records continue).")
+@click.option("--config", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Options from a YAML file or an msprobe config.json (command-line options win).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(output: str, level: str, mode: str, steps: str | None, ranks: str | None, ops: tuple[str, ...],
+        exclude_ops: tuple[str, ...], scope: tuple[str, ...], phases: str | None, max_bytes: int | None,
+        config: str | None, command: tuple[str, ...]) -> int:
+    """Run COMMAND (a Python training script, or torchrun) with a dump active, unmodified.
+
+    \b
+    Examples:
+      torchparity run -o dumps/npu -- python train.py --lr 1e-4
+      torchparity run -o dumps/gpu --level api --steps 0-1 -- torchrun --nproc-per-node 2 train.py
+
+    Every Python process started by COMMAND dumps its own rank into OUTPUT/step{S}/rank{R}/.
+    Steps advance on optimizer.step(). The exit code is COMMAND's.
+    """
+    from ..dump.options import DumpOptions, _ranges, load_options_file
+    from ..errors import UsageError
+    from . import AUTOLOAD_FORCED
+
+    def parse_list(text: str | None, what: str) -> list[int] | None:
+        if not text:
+            return None
+        return _ranges([t.strip() for t in text.split(",") if t.strip()], what)
+
+    opts: dict = dict(load_options_file(config)) if config else {}
+    opts.update(path=str(Path(output).resolve()), level=level, mode=mode)
+    if steps:
+        opts["steps"] = parse_list(steps, "steps")
+    if ranks:
+        opts["ranks"] = parse_list(ranks, "ranks")
+    if ops:
+        opts["ops"] = list(ops)
+    if exclude_ops:
+        opts["exclude_ops"] = list(exclude_ops)
+    if scope:
+        opts["scope"] = list(scope)
+    if phases:
+        opts["phases"] = [p.strip() for p in phases.split(",") if p.strip()]
+    if max_bytes is not None:
+        opts["max_bytes"] = max_bytes
+    DumpOptions(**opts)  # validate here: a bad option is a usage error before the script starts
+    cmd = list(command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("no command given; usage: torchparity run -o DIR -- python train.py")
+    env = dict(os.environ)
+    if AUTOLOAD_FORCED:
+        env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the user's script loads its device as usual
+    autostart = str(Path(__file__).resolve().parent.parent / "dump" / "_autostart")
+    env["PYTHONPATH"] = autostart + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["TORCHPARITY_RUN_OPTIONS"] = json.dumps(opts)
+    if cmd[0] in ("python", "python3"):
+        cmd[0] = sys.executable
+    try:
+        proc = subprocess.run(cmd, env=env)
+    except FileNotFoundError:
+        raise UsageError(f"command not found: {cmd[0]}") from None
+    click.echo(f"torchparity: dump written to {opts['path']}", err=True)
+    return proc.returncode
