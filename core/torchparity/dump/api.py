@@ -52,6 +52,20 @@ def _describe_backend(name: str | None) -> dict[str, Any]:
         return {"backend": name or "unknown", "torch_version": torch.__version__, "error": str(exc)}
 
 
+def _activate_backend(name: str) -> Any:
+    from ..plugins import get_registry
+
+    reg = get_registry()
+    if name not in reg.backends:
+        raise UsageError(f"unknown backend {name!r}; installed: {', '.join(sorted(reg.backends)) or 'none'} "
+                         "(see `torchparity plugins`)")
+    backend = reg.backends[name]
+    avail = backend.is_available()
+    if not avail:
+        raise UsageError(f"backend {name!r} is not available here: {getattr(avail, 'reason', '')}")
+    return backend.activate()
+
+
 class Dumper:
     """A running (or ready) dump. Use as a context manager, or call start()/stop()."""
 
@@ -92,6 +106,10 @@ class Dumper:
         self.session = CaptureSession(o, self.writer, tracker)
         stack = ExitStack()
         try:
+            if o.backend is not None:
+                # The device context goes outermost, so the capture modes see what the device
+                # computed (for the emulated backend: its reduced precision and injected faults).
+                stack.enter_context(_activate_backend(o.backend))
             stack.enter_context(tracker)
             self._module_capture = ModuleCapture(self.session, tracker, record="module" in o.levels)
             stack.callback(self._module_capture.detach)

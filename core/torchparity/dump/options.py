@@ -39,7 +39,7 @@ class DumpOptions:
     batch_size: int = 256  # records per write batch (a killed process loses at most one batch)
     fsync: bool = True  # fsync each batch (crash safety against power loss, not only kills)
     max_queue_bytes: int = 1 << 30  # tensors waiting for the writer thread before training waits
-    backend: str | None = None  # device backend describing the run in the header (default: guessed)
+    backend: str | None = None  # device backend: described in the header and activated around the run (default: guessed, not activated)
 
     def __post_init__(self) -> None:
         if self.level == "L0":
