@@ -27,6 +27,25 @@ from .stats import stats_tensor, tensor_md5
 
 _SCALAR_TYPES = (int, float, bool, str, type(None))
 
+_tool_state = threading.local()
+
+
+def tool_is_busy() -> bool:
+    """True while torchparity itself computes on this thread (statistics, checksums, reference
+    ops). Dispatch modes of other torchparity components (the emulated device, the NaN/Inf
+    tracker, online compare) pass such ops through untouched and unrecorded."""
+    return getattr(_tool_state, "busy", 0) > 0
+
+
+class tool_work:
+    """Context manager marking the tool's own computation (see :func:`tool_is_busy`)."""
+
+    def __enter__(self) -> None:
+        _tool_state.busy = getattr(_tool_state, "busy", 0) + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        _tool_state.busy -= 1
+
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
@@ -75,9 +94,9 @@ class CaptureSession:
         self.tracker = tracker
         self.step = 0
         self.in_optimizer = False
-        self.busy = False  # True while the tool itself computes (its ops must not be recorded)
-        self.api_collective_depth = 0
-        self.last_filtered_name = ""  # name of the last record new_record() filtered out (range/skip)  # >0 while an API-level collective call is running
+        self._busy = False
+        self.api_collective_depth = 0  # >0 while an API-level collective call is running
+        self.last_filtered_name = ""  # name of the last record new_record() filtered out (range/skip)
         self._lock = threading.RLock()
         self._next_id = 0
         self._name_counters: dict[str, int] = {}
@@ -102,6 +121,18 @@ class CaptureSession:
         self.enabled_step = self._step_enabled()
 
     # ---- steps -----------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """True while the tool itself computes (its ops must not be recorded); mirrored in the
+        thread-wide :func:`tool_is_busy` so other torchparity dispatch modes skip those ops too."""
+        return self._busy
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        if value != self._busy:
+            _tool_state.busy = getattr(_tool_state, "busy", 0) + (1 if value else -1)
+        self._busy = value
+
     def _step_enabled(self) -> bool:
         o = self.options
         if o.steps is not None and self.step not in o.steps:
