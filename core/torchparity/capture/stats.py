@@ -26,7 +26,7 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
     """``[max, min, mean, norm, nan_count, inf_count]`` as a float tensor on ``t``'s device.
 
     Returns None for tensors without statistics (empty, complex, meta, sparse). Integer and bool
-    tensors get max/min and NaN for mean/norm (which are undefined for them: written as null).
+    tensors are measured in floating point (bool as 0/1).
     """
     if t.numel() == 0 or t.is_complex() or t.device.type == "meta" or t.layout != torch.strided:
         return None
@@ -42,15 +42,15 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
             if acc == torch.float64 else torch.stack([mx.to(acc), mn.to(acc), mean, norm, nan.to(acc), inf.to(acc)])
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
-    mn, mx = torch.aminmax(t)
     acc = torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else torch.float32
-    nanv = torch.full((), math.nan, dtype=acc, device=t.device)
+    f = t.to(acc)
+    mn, mx = torch.aminmax(f)
     zero = torch.zeros((), dtype=acc, device=t.device)
-    return torch.stack([mx.to(acc), mn.to(acc), nanv, nanv, zero, zero])
+    return torch.stack([mx, mn, f.mean(), torch.linalg.vector_norm(f), zero, zero])
 
 
 def stats_to_dict(values: list[float] | None) -> dict[str, float | None] | None:
-    """Host list of 6 floats -> the record's ``stats`` dict (NaN mean/norm of ints -> None)."""
+    """Host list of 6 floats -> the record's ``stats`` dict."""
     if values is None:
         return None
     d: dict[str, float | None] = dict(zip(STAT_KEYS, values))
