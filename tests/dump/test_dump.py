@@ -334,3 +334,36 @@ def test_torchparity_run_rejects_bad_options(tmp_path: Path) -> None:
                            "--", "python", "-c", "pass"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "phases" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_uninitialised_memory_is_described_not_measured(tmp_path: Path) -> None:
+    """Model construction (empty + normal_/uniform_/fill_) dumps the same values in two runs:
+    the garbage in fresh memory is never measured."""
+    runs = []
+    for i in range(2):
+        out = tmp_path / f"init{i}"
+        torch.manual_seed(0)
+        del_me = torch.full((64, 64), float(i + 1))  # freed, then its memory is handed out again
+        del del_me
+        with torchparity.dump(str(out), level="aten"):
+            junk = torch.empty(64, 64)  # uninitialised memory, different every run
+            junk.normal_()
+            torch.empty(8).fill_(1.0)
+            make_model()
+        runs.append(read_records(out))
+    a, b = runs
+    assert [r["name"] for r in a] == [r["name"] for r in b]
+    assert {r["op"].split(".")[1] for r in a} >= {"empty", "normal_", "fill_"}
+    for ra, rb in zip(a, b):
+        assert [t.get("stats") for t in ra["tensors"]] == [t.get("stats") for t in rb["tensors"]], ra["name"]
+    empties = [r for r in a if r["op"].startswith("aten.empty")]
+    assert empties and all("stats" not in t for r in empties for t in r["tensors"] if t["io"] == "output")
+
+
+def test_dump_stays_callable_after_submodule_imports(tmp_path: Path) -> None:
+    import importlib
+
+    importlib.import_module("torchparity.dump.options")  # binds the package to torchparity.dump
+    with torchparity.dump(str(tmp_path / "d"), level="api"):
+        torch.ones(2).add(1)
+    assert (tmp_path / "d" / "step0" / "rank0" / "records.jsonl").exists()

@@ -17,6 +17,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import ops as opinfo
 from .session import CaptureSession, flat_args, flat_outputs
 
+# In-place ops that overwrite their destination without reading it: its old content is
+# uninitialised memory more often than not, so it is described but not measured.
+_OVERWRITING = frozenset({"normal_", "uniform_", "fill_", "zero_", "random_", "bernoulli_", "exponential_",
+                          "geometric_", "cauchy_", "log_normal_", "copy_", "set_", "resize_"})
+_OVERWRITTEN_INPUT = frozenset({"0", "self", "out"})
+_OUT_ARG = frozenset({"out"})
+# Factory ops whose result is uninitialised memory.
+_UNINITIALIZED_RESULT = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
+                                   "empty_permuted"})
+_ALL_OUTPUTS = frozenset({"0", "1", "2", "3"})
+
 _SKIP = frozenset({"detach", "alias", "lift_fresh", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"})
 
 
@@ -70,14 +81,16 @@ class AtenCaptureMode(TorchDispatchMode):
             return func(*args, **kwargs)
         s.busy = True
         try:
-            rec.tensors = s.describe(flat_args(args, kwargs), "input", rec.id, link=True)
+            rec.tensors = s.describe(flat_args(args, kwargs), "input", rec.id, link=True,
+                                     no_values=_OVERWRITTEN_INPUT if base in _OVERWRITING else _OUT_ARG)
         finally:
             s.busy = False
         out = func(*args, **kwargs)
         s.busy = True
         try:
             outs = flat_outputs(out)
-            rec.tensors += s.describe(outs, "output", rec.id, link=False)
+            rec.tensors += s.describe(outs, "output", rec.id, link=False,
+                                      no_values=_ALL_OUTPUTS if base in _UNINITIALIZED_RESULT else frozenset())
             s.note_outputs(rec.id, outs)
             s.commit(rec)
         finally:

@@ -212,8 +212,13 @@ class CaptureSession:
         return True
 
     # ---- tensors ---------------------------------------------------------------------------
-    def describe(self, values: Iterable[tuple[str, Any]], io: str, rid: int, link: bool) -> list[TensorEntry]:
-        """Tensor entries for (arg, value) pairs; statistics are queued on the device."""
+    def describe(self, values: Iterable[tuple[str, Any]], io: str, rid: int, link: bool,
+                 no_values: frozenset[str] = frozenset()) -> list[TensorEntry]:
+        """Tensor entries for (arg, value) pairs; statistics are queued on the device.
+
+        Args named in ``no_values`` hold memory whose content means nothing (the destination of
+        ``fill_``/``normal_``/``copy_``, ``out=``, the result of ``empty``): their metadata is
+        recorded, their values are not (they would differ run to run)."""
         o = self.options
         entries: list[TensorEntry] = []
         want_io = o.io is None or (io in o.io) or (io in ("param", "grad") and "input" in o.io)
@@ -229,7 +234,7 @@ class CaptureSession:
                     prod = self._producers.get(v)
                     if prod is not None and prod[2] == v._version:
                         e.producer = [prod[0], prod[1]]
-                if want_io:
+                if want_io and arg not in no_values:
                     st = stats_tensor(v)
                     if st is not None:
                         self._pending_stats.append(st)
