@@ -10,7 +10,9 @@ Levels, per op record (msprobe's overflow levels, computed vectorised over a who
 ``medium``
     non-finite inputs, finite outputs (absorbed by a ``where``/``masked_fill``/reduction...).
 
-"Non-finite" means ``nan > 0`` or ``inf > 0`` or a non-finite max/min/mean/norm, and also
+"Non-finite" means ``nan > 0`` or ``inf > 0`` or a non-finite max/min (mean/norm too when the
+dump has no NaN/Inf counts, as in msprobe dumps: they are accumulated in float32 and may overflow
+for finite values), and also
 **saturation**: a float16/bfloat16 tensor whose ``max`` or ``min`` reaches the dtype's largest
 finite value (65504 for float16) counts as overflowed, because saturating hardware (Ascend in
 saturation mode, clamping casts) produces that instead of Inf. When the dump says the device ran
@@ -20,6 +22,11 @@ Steps whose gradients GradScaler found non-finite (``_amp_foreach_non_finite_che
 saw Inf/NaN, or ``_amp_update_scale_`` received ``found_inf > 0``) are skipped by the scaler on
 purpose: their backward/optimizer findings get level ``None``, ``amp_skipped = True`` and a reason
 saying so, instead of blaming an op. Forward findings in such steps are still reported.
+
+Non-finite values written on purpose are not overflow: an op with a ``-inf``/NaN/``finfo.min``
+scalar argument (``masked_fill(causal_mask, -inf)``) and the ops that only carry such values on
+(found through the dump's ``producer`` links, e.g. the ``softmax`` that absorbs the mask) get level
+``None`` (option ``by_design``).
 
 Uninitialised memory is never judged: ``empty``-like ops, and the overwritten ``self`` input of
 ``fill_``/``zero_``/``copy_``/random in-place ops.
@@ -59,6 +66,8 @@ OVERWRITE_OPS = frozenset({"fill_", "zero_", "copy_", "normal_", "uniform_", "ra
                            "exponential_", "geometric_", "log_normal_", "cauchy_", "set_", "resize_"})
 AMP_UNSCALE = "_amp_foreach_non_finite_check_and_unscale_"
 AMP_UPDATE = "_amp_update_scale_"
+BY_DESIGN_REASON = ("non-finite (or dtype-max) values written on purpose by a -inf/NaN/finfo.min argument "
+                    "(e.g. an attention mask), or carried on from such an op: not an overflow")
 SKIPPED_REASON = "step skipped by GradScaler (found_inf: loss-scale overflow, expected with dynamic loss scaling; not a model bug)"
 
 
@@ -89,6 +98,9 @@ class OverflowChecker(Checker):
         saturation: bool = True
         #: label GradScaler-skipped steps instead of blaming their backward ops
         amp_aware: bool = True
+        #: do not report non-finite values the model writes on purpose (``masked_fill(mask, -inf)``,
+        #: ``full(..., -inf)``, ``finfo.min`` masks) nor the ops that carry them on (data flow)
+        by_design: bool = True
 
     def configure(self, options: Mapping[str, Any] | None = None) -> None:
         super().configure(options)
@@ -116,8 +128,12 @@ class OverflowChecker(Checker):
         is_tensor = frame["kind"].fillna("tensor").eq("tensor") if "kind" in frame.columns else pd.Series(True, index=frame.index)
         has_stats = mx.notna() | mn.notna() | (nan_c > 0) | (inf_c > 0)
         stat_nonfinite = pd.Series(False, index=frame.index)
-        for s in (mx, mn, mean, norm):
-            stat_nonfinite |= s.notna() & ~np.isfinite(s.to_numpy(dtype="float64", na_value=0.0))
+        # mean and norm are accumulated in float32: a norm of finite values near the dtype's max
+        # overflows there. Trust them only when the NaN/Inf counts are absent (msprobe dumps).
+        counted = num("nan").notna() | num("inf").notna()
+        for s, always in ((mx, True), (mn, True), (mean, False), (norm, False)):
+            bad_stat = s.notna() & ~np.isfinite(s.to_numpy(dtype="float64", na_value=0.0))
+            stat_nonfinite |= bad_stat if always else bad_stat & ~counted
         nonfinite = is_tensor & ((nan_c > 0) | (inf_c > 0) | stat_nonfinite)
         dtype = frame["dtype"].astype("string").fillna("") if "dtype" in frame.columns else pd.Series("", index=frame.index)
         limit = dtype.map(DTYPE_MAX).astype("float64")
@@ -196,6 +212,13 @@ class OverflowChecker(Checker):
             default="",
         )
         rec["reason"] = pd.Series(reason, index=rec.index).where(rec["level"].notna(), "")
+        if o.by_design:
+            design = self.by_design_records(f, flags, judged & is_in, rec)
+            if design:
+                hit = pd.Series(list(zip(rec["step"], rec["rank"], rec["record_id"])), index=rec.index).isin(design)
+                hit &= rec["level"].notna()
+                rec.loc[hit, "reason"] = BY_DESIGN_REASON
+                rec.loc[hit, "level"] = None
         rec["amp_skipped"] = False
         if o.amp_aware:
             skipped = self.gradscaler_skipped_steps(f, flags)
@@ -207,6 +230,59 @@ class OverflowChecker(Checker):
                 rec.loc[hit, "level"] = None
                 rec.loc[in_skipped & grad_side, "amp_skipped"] = True
         return rec[out_cols]
+
+    def by_design_records(self, f: pd.DataFrame, flags: pd.DataFrame, judged_in: pd.Series,
+                          rec: pd.DataFrame) -> set[tuple[Any, Any, Any]]:
+        """``{(step, rank, record_id)}`` of records whose non-finite values are intended.
+
+        A record is *by design* when a scalar argument is non-finite or at least the largest
+        finite value of its output dtype (``masked_fill(mask, float("-inf"))``, ``full(-inf)``,
+        ``masked_fill(mask, torch.finfo(dtype).min)``) and none of its non-finite tensor inputs comes
+        from an op that is not by design; or when every non-finite tensor input was produced (per
+        the dump's ``producer`` links) by a by-design record (``softmax`` of masked scores). Without
+        producer links (msprobe dumps) only the first rule applies.
+        """
+        import math
+
+        import pandas as pd
+
+        if "kind" not in f.columns or "value" not in f.columns:
+            return set()
+        cand = rec[rec["in_bad"] | rec["out_bad"]]
+        if cand.empty:
+            return set()
+        # per record: the smallest dtype max among its floating outputs
+        out_rows = f[f["io"].eq("output")]
+        out_limit = out_rows["dtype"].astype("string").map(DTYPE_MAX).astype("float64")
+        limit_by_rec = out_limit.groupby([out_rows["step"], out_rows["rank"], out_rows["record_id"]]).min().to_dict()
+        scalars = f[f["kind"].eq("scalar") & f["io"].eq("input")]
+        extreme: set[tuple[Any, Any, Any]] = set()
+        for step, rank, rid, value in zip(scalars["step"], scalars["rank"], scalars["record_id"], scalars["value"]):
+            try:
+                v = float(value) if not isinstance(value, bool) else None
+            except (TypeError, ValueError):
+                continue
+            if v is None:
+                continue
+            key = (step, rank, rid)
+            lim = limit_by_rec.get(key)
+            if not math.isfinite(v) or (lim is not None and not math.isnan(lim) and abs(v) >= lim):
+                extreme.add(key)
+        bad_in = f[judged_in & flags["bad"]]
+        producers: dict[tuple[Any, Any, Any], list[Any]] = {}
+        prod_col = bad_in["producer"] if "producer" in bad_in.columns else pd.Series(None, index=bad_in.index)
+        for step, rank, rid, prod in zip(bad_in["step"], bad_in["rank"], bad_in["record_id"], prod_col):
+            producers.setdefault((step, rank, rid), []).append(prod)
+        design: set[tuple[Any, Any, Any]] = set()
+        for step, rank, rid in cand.sort_values(["step", "rank", "record_id"])[["step", "rank", "record_id"]].itertuples(index=False, name=None):
+            key = (step, rank, rid)
+            prods = producers.get(key, [])
+            from_design = all(
+                isinstance(p, (tuple, list)) and len(p) == 2 and (step, rank, int(p[0])) in design for p in prods
+            )
+            if (key in extreme or prods) and from_design:
+                design.add(key)
+        return design
 
     def gradscaler_skipped_steps(self, frame: pd.DataFrame, flags: pd.DataFrame | None = None) -> set[tuple[Any, Any]]:
         """``{(step, rank)}`` where GradScaler found Inf/NaN gradients (and so skipped the step)."""

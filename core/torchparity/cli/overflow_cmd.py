@@ -158,6 +158,10 @@ def analyse(dump: str | Path, step: int | None = None, rank: int | None = None, 
     })
 
 
+#: stack frames printed per critical op (overflow.json has all of them)
+STACK_LINES = 6
+
+
 @click.command("overflow")
 @click.argument("dump", type=click.Path(file_okay=True, dir_okay=True))
 @click.option("-o", "--output", "output", type=click.Path(file_okay=False), default="out", show_default=True,
@@ -184,20 +188,24 @@ def overflow(ctx: click.Context, dump: str, output: str, step: int | None, rank:
     out_file.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
     from rich.console import Console
-    from rich.table import Table
+    from rich.markup import escape
 
     console = Console(width=max(120, Console().width))
     for w in report["warnings"]:
         console.print(f"[yellow]warning:[/] {w}")
     c = report["counts"]
     if report["first_critical"]:
-        table = Table(title=f"First critical op per step and rank ({report['dump']})")
-        for col in ("step", "rank", "op record", "module", "phase", "reason", "stack (innermost last)"):
-            table.add_column(col, overflow="fold")
-        for f in report["first_critical"]:
-            table.add_row(str(f["step"]), str(f["rank"]), f["name"], f["module"] or "(top level)", f["phase"],
-                          f["reason"], "\n".join(f["stack"][-4:]) or "(no stack recorded)")
-        console.print(table)
+        console.print(f"[bold]First critical op per step and rank[/] ({report['dump']}):")
+    for f in report["first_critical"]:
+        console.print(f"[red]critical[/] step {f['step']} rank {f['rank']}: [bold]{f['name']}[/] ({f['op']}) "
+                      f"in module [bold]{escape(f['module'] or '(top level)')}[/] {escape('[' + f['phase'] + ']')}", highlight=False)
+        console.print(f"    {escape(f['reason'])}", highlight=False)
+        if f["stack"]:
+            console.print("    stack (innermost first):", highlight=False)
+            for frame in f["stack"][:STACK_LINES]:
+                console.print(f"      {escape(frame)}", highlight=False, soft_wrap=True)
+        else:
+            console.print("    (no stack recorded: dump with stack=True)", highlight=False)
     for s in report["gradscaler_skipped"]:
         console.print(f"step {s['step']} rank {s['rank']}: {s['reason']}")
     console.print(f"{report['records']} op records: {c['critical']} critical, {c['high']} high, {c['medium']} medium. "
