@@ -46,6 +46,15 @@ def privateuse1_owner() -> Optional[str]:
         return None
     return None if name == "privateuseone" else name
 
+def privateuse1_environment() -> dict[str, Any]:
+    """For the dump header: what PrivateUse1 is called in this process and whether vendor
+    extensions were allowed to autoload at ``import torch`` (``TORCH_DEVICE_BACKEND_AUTOLOAD``,
+    torch >= 2.5; unset means on). Two dumps that differ here were not produced the same way."""
+    return {
+        "privateuse1_backend": privateuse1_owner() or "privateuseone",
+        "torch_device_backend_autoload": os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1"),
+    }
+
 
 def probe_privateuse1_backend(backend: DeviceBackend) -> Availability:
     """Shared ``is_available`` for PrivateUse1 vendors: module installed, PrivateUse1 free or
@@ -155,6 +164,7 @@ class MusaBackend(DeviceBackend):
             torch_musa_version=getattr(tm, "__version__", None),
             musa_version=getattr(torch.version, "musa", None),
             musa_home=os.environ.get("MUSA_HOME") or os.environ.get("MUSA_PATH"),
+            **privateuse1_environment(),
         )
         mod = getattr(torch, "musa", None)
         if mod is not None and mod.is_available():

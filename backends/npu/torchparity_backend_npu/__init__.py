@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 from torchparity import hookimpl
 from torchparity.errors import UsageError
-from torchparity.plugin_types import Availability, DeviceBackend
+from torchparity.plugin_types import DEFAULT_COLLECTIVE_OPS, Availability, DeviceBackend
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -60,6 +60,10 @@ NPU_CUSTOM_APIS = (
 #: the Ascend 310 inference series). Atlas A2 (Ascend910B*) and A3 (Ascend910_93*) have it.
 NO_BF16_SOCS = ("Ascend910A", "Ascend910ProA", "Ascend910PremiumA", "Ascend910ProB", "Ascend310")
 
+#: torch_npu's fused compute + communication ops (matmul with all-gather / reduce-scatter /
+#: all-reduce): recorded like collectives and never re-executed by online compare or replay.
+NPU_COLLECTIVE_OPS = frozenset({"npu_all_gather_base_mm", "npu_mm_reduce_scatter_base", "npu_mm_all_reduce_base"})
+
 OVERFLOW_INF_NAN = "inf_nan"
 OVERFLOW_SATURATION = "saturation"
 
@@ -74,6 +78,15 @@ def privateuse1_owner() -> Optional[str]:
     except Exception:  # pragma: no cover - private API moved
         return None
     return None if name == "privateuseone" else name
+
+def privateuse1_environment() -> dict[str, Any]:
+    """For the dump header: what PrivateUse1 is called in this process and whether vendor
+    extensions were allowed to autoload at ``import torch`` (``TORCH_DEVICE_BACKEND_AUTOLOAD``,
+    torch >= 2.5; unset means on). Two dumps that differ here were not produced the same way."""
+    return {
+        "privateuse1_backend": privateuse1_owner() or "privateuseone",
+        "torch_device_backend_autoload": os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1"),
+    }
 
 
 def read_cann_version_file(env: Mapping[str, str] | None = None) -> Optional[str]:
@@ -104,6 +117,7 @@ class NpuBackend(DeviceBackend):
     vendor_module = "torch_npu"
     description = "Huawei Ascend NPUs via torch_npu (device npu; npu_* custom ops; saturation/INF_NAN overflow mode)"
     op_namespaces = ("npu",)
+    collective_ops = DEFAULT_COLLECTIVE_OPS | NPU_COLLECTIVE_OPS
 
     @dataclass
     class Options:
@@ -307,6 +321,7 @@ class NpuBackend(DeviceBackend):
             torch_npu_version=getattr(tn, "__version__", None),
             cann_version=self.cann_version(),
             overflow_mode=self.overflow_mode(),
+            **privateuse1_environment(),
         )
         import torch
 
