@@ -1,0 +1,258 @@
+"""torchparity checker ``allclose``: dtype-aware tolerances.
+
+Offline compare (``judge_rows``): each tensor row is judged against the tolerance of the
+lower-precision dtype of the pair (a bf16 device compared with an fp32 benchmark is judged
+against bf16 rounding, never flagged as "dtype inconsistent"):
+
+* ``error``: NaN/Inf positions differ; shapes differ; a scalar argument differs; or an output
+  whose error exceeds ``error_factor`` x rtol *and* is ``amplification`` x larger than its
+  op's input error (the op introduced it);
+* ``warning``: an error above the tolerance that was carried in from the inputs;
+* ``pass`` otherwise; ``skip`` for unmatched rows and rows without metrics.
+
+Online compare (``check_tensors``): with a same-dtype reference and a high-precision reference,
+fail only when the device's error against the high-precision reference exceeds ``k`` times the
+same-dtype reference's error (k = 2, 3 for fp16/bf16); without them, fall back to
+``torch.allclose``-style dtype tolerances.
+
+Options (plugins.yaml)::
+
+    checkers:
+      - allclose:
+          rtol: {bfloat16: 0.02}          # per-dtype overrides of the defaults below
+          atol: {bfloat16: 1.0e-5}
+          overrides:                      # per op pattern (fnmatch on op or record name)
+            - {op: "aten.softmax*", dtype: bfloat16, rtol: 0.05}
+          error_factor: 2.0
+          amplification: 10.0
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+from torchparity import hookimpl
+from torchparity.errors import PluginError
+from torchparity.plugin_types import CheckContext, Checker, CheckResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+    import torch
+
+__version__ = "0.1.0"
+
+#: torch.testing.assert_close defaults
+DEFAULT_RTOL = {"float16": 1e-3, "bfloat16": 1.6e-2, "float32": 1.3e-6, "float64": 1e-7,
+                "complex64": 1.3e-6, "complex128": 1e-7, "float8_e4m3fn": 1.25e-1, "float8_e5m2": 2.5e-1}
+DEFAULT_ATOL = {"float16": 1e-5, "bfloat16": 1e-5, "float32": 1e-5, "float64": 1e-7,
+                "complex64": 1e-5, "complex128": 1e-7, "float8_e4m3fn": 1e-3, "float8_e5m2": 1e-3}
+#: unit roundoff per dtype (half an ulp at 1): the smallest meaningful relative error
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "float64": 2.0 ** -53,
+                 "float8_e4m3fn": 2.0 ** -4, "float8_e5m2": 2.0 ** -3}
+PRECISION_ORDER = ["float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "float32", "complex64", "float64", "complex128"]
+LOW_PRECISION = {"float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
+
+
+def lower_precision(d: Any, b: Any) -> str:
+    """The lower-precision floating dtype name of a pair (float32 when neither is floating)."""
+    c = [x for x in (d, b) if isinstance(x, str) and x in DEFAULT_RTOL]
+    if not c:
+        return "float32"
+    return min(c, key=lambda x: PRECISION_ORDER.index(x))
+
+
+class AllcloseChecker(Checker):
+    """Dtype-aware tolerance checks for offline and online compare."""
+
+    name = "allclose"
+    scopes = frozenset({"compare", "online"})
+    description = "dtype-aware tolerances (torch.testing defaults), amplification-aware verdicts"
+
+    @dataclass
+    class Options:
+        #: per-dtype relative tolerance overrides, e.g. {"bfloat16": 0.02}
+        rtol: dict = field(default_factory=dict)
+        #: per-dtype absolute tolerance overrides
+        atol: dict = field(default_factory=dict)
+        #: per-op overrides: list of {op: pattern, dtype: optional, rtol: ..., atol: ...}
+        overrides: list = field(default_factory=list)
+        #: an error above error_factor x rtol is beyond the dtype's tolerance
+        error_factor: float = 2.0
+        #: ... and is an error when it is this many times the op's input error
+        amplification: float = 10.0
+        #: online: allowed ratio of device error to same-dtype reference error
+        k: float = 2.0
+        #: online: that ratio for fp16/bf16/fp8
+        k_low_precision: float = 3.0
+
+    def configure(self, options: Mapping[str, Any] | None = None) -> None:
+        super().configure(options)
+        o = self.options
+        for name in ("rtol", "atol"):
+            val = getattr(o, name)
+            if not isinstance(val, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in val.values()):
+                raise PluginError(f"checker 'allclose': option {name} must map dtype names to non-negative numbers, got {val!r}")
+        if not isinstance(o.overrides, list) or not all(isinstance(x, dict) and "op" in x for x in o.overrides):
+            raise PluginError("checker 'allclose': overrides must be a list of {op: pattern, rtol: .., atol: .., dtype: ..}")
+        if o.amplification <= 1 or o.error_factor <= 0 or o.k <= 1 or o.k_low_precision <= 1:
+            raise PluginError("checker 'allclose': amplification, k and k_low_precision must be > 1, error_factor > 0")
+
+    # ---- tolerances -----------------------------------------------------------------------
+    def tolerance(self, dtype: str, op: str = "", name: str = "") -> tuple[float, float]:
+        """(rtol, atol) for a dtype and op, after per-dtype and per-op overrides."""
+        rtol = float(self.options.rtol.get(dtype, DEFAULT_RTOL.get(dtype, DEFAULT_RTOL["float32"])))
+        atol = float(self.options.atol.get(dtype, DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"])))
+        for ov in self.options.overrides:
+            pat = str(ov["op"])
+            if ov.get("dtype") not in (None, dtype):
+                continue
+            if fnmatch.fnmatchcase(op, pat) or (name and fnmatch.fnmatchcase(name, pat)):
+                rtol = float(ov.get("rtol", rtol))
+                atol = float(ov.get("atol", atol))
+        return rtol, atol
+
+    # ---- offline ----------------------------------------------------------------------------
+    def judge_rows(self, rows: pd.DataFrame, ctx: CheckContext | None = None) -> pd.DataFrame:
+        import numpy as np
+        import pandas as pd
+
+        n = len(rows)
+
+        def col(c: str, default: Any = np.nan) -> Any:
+            return rows[c] if c in rows.columns else pd.Series(default, index=rows.index)
+
+        verdict = np.full(n, "skip", dtype=object)
+        reason = np.full(n, "", dtype=object)
+        dd, bd = col("device_dtype", None).to_numpy(dtype=object), col("bench_dtype", None).to_numpy(dtype=object)
+        ops = col("op", "").astype(str).to_numpy()
+        names = col("device_name", "").astype(str).to_numpy()
+        rtol = np.empty(n)
+        atol = np.empty(n)
+        dtypes = np.empty(n, dtype=object)
+        cache: dict[tuple[Any, ...], tuple[float, float, str]] = {}
+        use_names = bool(self.options.overrides)
+        # core sets judge_dtype (the pair's lower precision, or the precision an emulating device
+        # computed in); without it, the lower precision of the two dtypes
+        jd = col("judge_dtype", None).to_numpy(dtype=object)
+        for i in range(n):
+            key = (dd[i], bd[i], jd[i], ops[i] if use_names else "")
+            v = cache.get(key) if not use_names else None
+            if v is None:
+                dt = jd[i] if isinstance(jd[i], str) and jd[i] in DEFAULT_RTOL else lower_precision(dd[i], bd[i])
+                r, a = self.tolerance(dt, ops[i], names[i] if use_names else "")
+                v = cache[key] = (r, a, dt)
+            rtol[i], atol[i], dtypes[i] = v
+        kind = col("kind", "tensor").astype(str).to_numpy()
+        io = col("io", "").astype(str).to_numpy()
+        matched = col("match", "exact").astype(str).to_numpy() != "unmatched"
+        rel_l2 = col("rel_l2").to_numpy(dtype="float64")
+        stat_err = col("stat_error").to_numpy(dtype="float64")
+        err = np.where(np.isnan(rel_l2), stat_err, rel_l2)
+        in_err = np.nan_to_num(col("input_error").to_numpy(dtype="float64"), nan=0.0, posinf=np.inf)
+        norm = np.abs(col("bench_norm").to_numpy(dtype="float64"))
+        numel = np.array([float(np.prod(s)) if isinstance(s, tuple) else np.nan for s in col("bench_shape", None)])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            atol_rel = np.where(norm > 0, atol * np.sqrt(np.nan_to_num(numel, nan=1.0, posinf=np.inf, neginf=-np.inf)) / norm, np.inf)
+        limit = self.options.error_factor * rtol + np.nan_to_num(atol_rel, nan=0.0, posinf=np.inf, neginf=-np.inf)
+        is_tensor = (kind == "tensor") & matched
+        has = is_tensor & ~np.isnan(err)
+        out_like = np.isin(io, ["output", "grad"])
+        beyond = has & (err > limit)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            amplified = err >= self.options.amplification * np.fmax(in_err, limit)
+        verdict[has] = "pass"
+        w = beyond & ~(out_like & amplified)
+        verdict[w] = "warning"
+        reason[w] = [f"differs by {e:.3g} (> {l:.3g} for {dt}), carried from its inputs (input error {ie:.3g})"
+                     if o else f"input differs by {e:.3g} (> {l:.3g} for {dt})"
+                     for e, l, dt, ie, o in zip(err[w], limit[w], dtypes[w], in_err[w], out_like[w])]
+        e_ = beyond & out_like & amplified
+        verdict[e_] = "error"
+        reason[e_] = [f"output differs by {e:.3g} (> {l:.3g} for {dt}) while its inputs differ by {ie:.3g}: "
+                      f"introduced here" for e, l, dt, ie in zip(err[e_], limit[e_], dtypes[e_], in_err[e_])]
+        # shape, NaN/Inf, scalar arguments
+        ds, bs = col("device_shape", None).to_numpy(dtype=object), col("bench_shape", None).to_numpy(dtype=object)
+        shape_bad = is_tensor & np.array([isinstance(a, tuple) and isinstance(b, tuple) and a != b for a, b in zip(ds, bs)], dtype=bool)
+        verdict[shape_bad] = "error"
+        reason[shape_bad] = [f"shape differs: device {a}, bench {b}" for a, b in zip(ds[shape_bad], bs[shape_bad])]
+        nf = is_tensor & col("nonfinite_mismatch", False).fillna(False).to_numpy(dtype=bool)
+        verdict[nf] = "error"
+        reason[nf] = "NaN/Inf positions differ from the benchmark"
+        sc = (kind == "scalar") & matched
+        vd = sc & col("value_differs", False).fillna(False).to_numpy(dtype=bool)
+        verdict[sc] = "pass"
+        verdict[vd] = "error"
+        if vd.any():
+            dv, bv = col("device_value", None).to_numpy(dtype=object), col("bench_value", None).to_numpy(dtype=object)
+            reason[vd] = [f"argument value differs: device {a!r}, bench {b!r}" for a, b in zip(dv[vd], bv[vd])]
+        return pd.DataFrame({"verdict": verdict, "reason": reason}, index=rows.index)
+
+    # ---- online -----------------------------------------------------------------------------
+    def check_tensors(self, device: torch.Tensor, reference: torch.Tensor, ctx: CheckContext | None = None,
+                      reference_same_dtype: torch.Tensor | None = None, reference_high: torch.Tensor | None = None,
+                      **kw: Any) -> CheckResult:
+        """Judge one device output. ``reference`` is the reference backend's output;
+        ``reference_same_dtype`` a reference computed in the device's dtype and ``reference_high``
+        one computed in high precision (both optional)."""
+        import torch
+
+        ctx = ctx or CheckContext(mode="online")
+        dtype = str(device.dtype).replace("torch.", "")
+        d = device.detach().cpu()
+        if tuple(d.shape) != tuple(reference.shape):
+            return CheckResult(self.name, "error", f"shape differs: device {tuple(d.shape)}, reference {tuple(reference.shape)}",
+                               {"dtype": dtype})
+        if not (d.dtype.is_floating_point or d.is_complex()):
+            equal = bool(torch.equal(d, reference.detach().cpu().to(d.dtype)))
+            return CheckResult(self.name, "pass" if equal else "error", "" if equal else "integer/bool values differ",
+                               {"dtype": dtype})
+        high = (reference_high if reference_high is not None else reference).detach().cpu().to(torch.float64)
+        d64 = d.to(torch.float64)
+        nan_bad = bool((torch.isnan(d64) != torch.isnan(high)).any() or (torch.isinf(d64) != torch.isinf(high)).any()
+                       or (torch.isinf(d64) & torch.isinf(high) & (torch.sign(d64) != torch.sign(high))).any())
+        if nan_bad:
+            return CheckResult(self.name, "error", "NaN/Inf positions differ from the reference", {"dtype": dtype})
+        fin = torch.isfinite(high)
+        err_dev = _rel_l2(d64[fin], high[fin])
+        metrics: dict[str, Any] = {"dtype": dtype, "device_error": err_dev}
+        if reference_same_dtype is not None and reference_high is not None:
+            s64 = reference_same_dtype.detach().cpu().to(torch.float64)
+            err_same = _rel_l2(s64[fin], high[fin])
+            k = self.options.k_low_precision if dtype in LOW_PRECISION else self.options.k
+            floor = UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"])
+            allowed = k * max(err_same, floor)
+            metrics.update(reference_error=err_same, allowed=allowed, k=k)
+            if err_dev > allowed:
+                return CheckResult(self.name, "error",
+                                   f"error vs high-precision reference {err_dev:.3g} > {k:g} x the same-dtype reference's "
+                                   f"{err_same:.3g}", metrics)
+            return CheckResult(self.name, "pass", "", metrics)
+        rtol, atol = self.tolerance(dtype, ctx.op)
+        diff = (d64 - high).abs()
+        bad = (diff > atol + rtol * high.abs()) & fin
+        nbad = int(bad.sum())
+        metrics.update(rtol=rtol, atol=atol, mismatched=nbad, max_abs_err=float(diff[fin].max()) if bool(fin.any()) else 0.0)
+        if nbad:
+            return CheckResult(self.name, "error", f"{nbad} of {d.numel()} elements outside rtol={rtol:g} atol={atol:g} "
+                               f"({dtype})", metrics)
+        return CheckResult(self.name, "pass", "", metrics)
+
+
+def _rel_l2(a: Any, b: Any) -> float:
+    import torch
+
+    if a.numel() == 0:
+        return 0.0
+    nb = float(torch.linalg.vector_norm(b))
+    nd = float(torch.linalg.vector_norm(a - b))
+    if nb == 0.0:
+        return 0.0 if nd == 0.0 else math.inf
+    return nd / nb
+
+
+@hookimpl
+def torchparity_checkers():
+    yield AllcloseChecker()

@@ -1,0 +1,113 @@
+"""``torchparity compare``: name the op where two runs start to diverge."""
+
+from __future__ import annotations
+
+import click
+
+from . import EXIT_FINDINGS, EXIT_OK, registry_from
+
+
+@click.command("compare")
+@click.argument("device_dump", type=click.Path())
+@click.argument("bench_dump", type=click.Path())
+@click.option("-o", "--output", "output_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for the reports (created). Default: no files, console summary only.")
+@click.option("--step", type=int, default=None, help="Compare only this step (default: every step in both dumps).")
+@click.option("--rank", type=int, default=None, help="Compare only this rank (default: every rank in both dumps).")
+@click.option("-f", "--format", "formats", default=None, metavar="LIST",
+              help="Reporters to run, comma-separated, e.g. log,xlsx,json,advisor "
+                   "(default: every enabled reporter when -o is given).")
+@click.option("-m", "--mapping", "--layer-mapping", "layer_mapping", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE",
+              help="YAML of renamed modules, 'device_name: bench_name' per line (e.g. linear_qkv: query_key_value).")
+@click.option("--plugins", "plugins_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="plugins.yaml choosing checkers/reporters and their options (per-op/per-dtype tolerances); "
+                   "same as `torchparity --plugins FILE compare ...`.")
+@click.option("--threshold", type=float, default=10.0, show_default=True,
+              help="Amplification (output error / input error) at which an op becomes a suspect.")
+@click.option("--tolerance-dtype", default=None, metavar="DTYPE",
+              help="Judge noise as if the device computed in DTYPE (e.g. bfloat16 for an emulated run "
+                   "stored as float32). Default: the lower precision dtype of each pair.")
+@click.option("-j", "--workers", type=int, default=None,
+              help="Worker processes for multi-step/multi-rank dumps (default: automatic).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary and root cause as JSON on stdout.")
+@click.pass_context
+def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: str | None, step: int | None,
+            rank: int | None, formats: str | None, layer_mapping: str | None, plugins_file: str | None, threshold: float,
+            tolerance_dtype: str | None, workers: int | None, as_json: bool) -> int:
+    """Compare DEVICE_DUMP with BENCH_DUMP and name the op where they start to diverge.
+
+    \b
+    Both arguments are dump directories written by `torchparity run -o DIR` or
+    torchparity.dump(DIR) (the root, a stepN or a stepN/rankN directory); msprobe dumps
+    (dump.json + dump_tensor_data) are read too. Statistics, md5 and tensor dumps all work.
+
+    \b
+    What it does:
+      1. pairs device and bench ops even when the sequences differ (extra or fused ops,
+         different call counts, renamed modules with --layer-mapping);
+      2. measures every tensor in float64 (statistics: max/min/mean/norm differences;
+         tensors: cosine, max abs/rel error, RMSE, 1/1000 and 5/1000 ratios...);
+      3. gives each tensor pass/warning/error with dtype-aware tolerances (a bf16 run is
+         judged against bf16 rounding, not flagged wholesale);
+      4. scores every op by amplification: its output error over its input error. The
+         root cause is the earliest op that introduced a divergence instead of carrying it.
+
+    \b
+    Examples:
+      torchparity compare dumps/npu dumps/cpu -o out
+      torchparity compare dumps/npu dumps/cpu --step 3 --rank 0 --format log,json -o out
+      torchparity compare msprobe_dump/step0 golden/step0 --mapping mapping.yaml
+      torchparity compare dumps/npu dumps/cpu --plugins my_tolerances.yaml -o out
+
+    \b
+    Exit codes: 0 the runs agree, 1 a divergence was found, 2 bad input (missing,
+    truncated or mismatched dumps; the message says what was read and what to do).
+    """
+    from ..compare.api import compare as run_compare
+
+    if plugins_file is not None:
+        from ..plugins import get_registry
+
+        reg = get_registry(plugins_file)
+    else:
+        reg = registry_from(ctx)
+    res = run_compare(device_dump, bench_dump, output_dir=output_dir, step=step, rank=rank, formats=formats,
+                      layer_mapping=layer_mapping, plugins=reg, threshold=threshold,
+                      tolerance_dtype=tolerance_dtype, workers=workers)
+    s = res.summary
+    if as_json:
+        import json
+
+        payload = {"summary": s, "root_cause": res.root_cause.to_dict() if res.root_cause else None,
+                   "suspects": [x.to_dict() for x in res.suspects[:10]],
+                   "reports": {k: [str(p) for p in v] for k, v in res.reports.items()}}
+        click.echo(json.dumps(payload, indent=2, default=str))
+    else:
+        _print_summary(res)
+    for w in s.get("warnings", []):
+        click.echo(f"torchparity: warning: {w}", err=True)
+    return EXIT_FINDINGS if res.diverged else EXIT_OK
+
+
+def _print_summary(res: object) -> None:
+    s = res.summary  # type: ignore[attr-defined]
+    rc = res.root_cause  # type: ignore[attr-defined]
+    click.echo(f"compared {s['n_compared']} tensors ({s['mode']} mode) over step(s) {s['steps']} rank(s) {s['ranks']}: "
+               f"{s['n_pass']} pass, {s['n_warning']} warning, {s['n_error']} error, "
+               f"{s['n_unmatched_device']} device-only, {s['n_unmatched_bench']} bench-only rows "
+               f"({s['elapsed_s']:.2f} s)")
+    if rc is None:
+        click.echo("no op introduced a divergence" + (" (but some rows are errors, see the report)" if s["n_error"] else ": the runs agree"))
+    else:
+        where = f"{rc.module}" if rc.module else "(top level)"
+        click.echo(f"root cause: {rc.name} [{rc.op}] in {where}, {rc.phase}, step {rc.step} rank {rc.rank}, op #{rc.index}")
+        click.echo(f"  {rc.reason}")
+        if rc.stack:
+            click.echo(f"  at {rc.stack[-1]}")
+        others = [x for x in res.suspects[1:6]]  # type: ignore[attr-defined]
+        if others:
+            click.echo("other suspects: " + "; ".join(f"{x.name} (x{x.score:.3g})" for x in others))
+    for name, paths in res.reports.items():  # type: ignore[attr-defined]
+        for p in paths:
+            click.echo(f"wrote {p}")

@@ -1,0 +1,509 @@
+"""``torchparity.compare``: pair two dumps, measure every tensor, judge, find the root cause.
+
+Pipeline per (step, rank) present in both dumps (in parallel processes for big multi-rank or
+multi-step dumps): read both sides (:mod:`torchparity.dump.reader`), pair records and tensors
+(:mod:`.matching`), compute statistics/checksum metrics vectorised and full-tensor metrics where
+both tensors were saved (:mod:`.metrics`), score each op's amplification (:mod:`.rootcause`).
+Then the checker plugins give each row a verdict (:mod:`.judge`) and the reporter plugins write
+the requested formats.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import DumpError, TorchparityError, UsageError
+from ..results import CompareResult, Suspect
+from . import matching, metrics, rootcause
+from .judge import judge
+
+log = logging.getLogger("torchparity")
+
+#: compare pairs in worker processes when there are several and at least this many records in all
+PARALLEL_MIN_ROWS = 200_000
+#: header fields that should match for a like-for-like comparison (a difference is a warning)
+HEADER_CHECKS = ("level", "mode")
+BACKEND_CHECKS = ("torch_version", "numerics")
+
+
+def _normalise_formats(formats: str | Sequence[str] | None) -> list[str] | None:
+    if formats is None:
+        return None
+    if isinstance(formats, str):
+        formats = [formats]
+    out: list[str] = []
+    for f in formats:
+        out += [x.strip() for x in str(f).split(",") if x.strip()]
+    return out
+
+
+def compare(
+    device_dump: str | os.PathLike[str],
+    bench_dump: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str] | None = None,
+    step: int | None = None,
+    rank: int | None = None,
+    formats: str | Sequence[str] | None = None,
+    layer_mapping: str | os.PathLike[str] | Mapping[str, str] | None = None,
+    plugins: str | os.PathLike[str] | Any | None = None,
+    *,
+    threshold: float = rootcause.DEFAULT_THRESHOLD,
+    tolerance_dtype: str | None = None,
+    workers: int | None = None,
+) -> CompareResult:
+    """Compare a device dump with a benchmark dump.
+
+    :param device_dump: the dump under test (torchparity or msprobe; root, step or rank directory).
+    :param bench_dump: the benchmark dump (usually CPU / a trusted device).
+    :param output_dir: where reporters write (nothing is written when None).
+    :param step: compare only this step; :param rank: only this rank (default: all common ones).
+    :param formats: reporter names (``"log,xlsx"`` or a list). Default: every enabled reporter.
+    :param layer_mapping: YAML file or dict ``{device_module_name: bench_module_name}``.
+    :param plugins: a plugins.yaml path or a :class:`~torchparity.plugins.Registry`.
+    :param threshold: amplification at which an op becomes a suspect (default 10).
+    :param tolerance_dtype: judge noise as if the device computed in this dtype (e.g.
+        ``"bfloat16"`` for an emulated-bf16 run whose tensors are stored as float32).
+    :param workers: worker processes for multi-step/rank dumps (default: automatic).
+    :returns: a :class:`~torchparity.results.CompareResult`.
+    :raises DumpError: a dump is missing, empty, or the two share no step/rank.
+    """
+    from ..dump.reader import open_dump
+
+    t0 = time.perf_counter()
+    if threshold <= 1:
+        raise UsageError(f"threshold must be > 1 (an amplification factor), got {threshold}")
+    if tolerance_dtype is not None and tolerance_dtype not in rootcause.DTYPE_RTOL:
+        raise UsageError(f"unknown tolerance dtype '{tolerance_dtype}'; use one of {', '.join(rootcause.DTYPE_RTOL)}")
+    mapping = matching.load_layer_mapping(layer_mapping)
+    dev = open_dump(device_dump)
+    ben = open_dump(bench_dump)
+    warnings: list[str] = [f"device dump: {w}" for w in dev.warnings] + [f"bench dump: {w}" for w in ben.warnings]
+
+    dkeys = {(u.step, u.rank) for u in dev.units}
+    bkeys = {(u.step, u.rank) for u in ben.units}
+    if step is not None or rank is not None:
+        sel = lambda k: (step is None or k[0] == step) and (rank is None or k[1] == rank)  # noqa: E731
+        dkeys, bkeys = {k for k in dkeys if sel(k)}, {k for k in bkeys if sel(k)}
+        if not dkeys or not bkeys:
+            side = "device" if not dkeys else "bench"
+            raise DumpError(
+                f"the {side} dump has no step={step} rank={rank}; device has {_units(dev)}, bench has {_units(ben)}")
+    common = sorted(dkeys & bkeys)
+    if not common:
+        raise DumpError(
+            f"the dumps share no (step, rank): device has {_units(dev)}, bench has {_units(ben)}; "
+            f"pass --step/--rank or dump the same steps on both sides")
+    for k in sorted(dkeys - bkeys):
+        warnings.append(f"step{k[0]}/rank{k[1]} exists only in the device dump; not compared")
+    for k in sorted(bkeys - dkeys):
+        warnings.append(f"step{k[0]}/rank{k[1]} exists only in the bench dump; not compared")
+    warnings += _header_warnings(dev, ben, common)
+    if tolerance_dtype is None:
+        tolerance_dtype = emulated_dtype(dev, common)
+        if tolerance_dtype is not None:
+            warnings.append(f"the device dump was produced by an emulated device computing in {tolerance_dtype}: "
+                            f"its tensors are judged against {tolerance_dtype} rounding")
+        elif emulated_dtype(ben, common) is not None:
+            warnings.append(f"the bench dump was produced by an emulated device ({emulated_dtype(ben, common)}): "
+                            f"is it the benchmark you meant?")
+
+    jobs = [(str(dev.path), str(ben.path), s, r, mapping, threshold, tolerance_dtype) for s, r in common]
+    results = _run_jobs(jobs, workers, dev, ben)
+
+    import pandas as pd
+
+    frames, suspects, per_pair, pair_roots = [], [], [], []
+    for (s, r), res in zip(common, results):
+        if isinstance(res, TorchparityError):
+            raise res
+        rows_sr, sus, w, info = res
+        warnings += w
+        frames.append(rows_sr)
+        suspects += sus
+        if sus:
+            pair_roots.append(sus[0])  # the pair's root cause (innermost, earliest)
+        per_pair.append(info)
+    rows = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else frames[0]
+    if not len(rows):
+        raise DumpError(
+            f"nothing to compare: both dumps are empty for {', '.join(f'step{s}/rank{r}' for s, r in common)}"
+            + (f" ({'; '.join(warnings[:3])})" if warnings else ""))
+
+    reg = _registry(plugins)
+    mode = _mode(rows)
+    checkers = reg.checkers_for("compare") if reg is not None else []
+    rows, problems = judge(rows, checkers, mode)
+    warnings += problems
+
+    root = _first(pair_roots)
+    ranked = rootcause.rank_suspects(([root] if root else []) + [s for s in suspects if s is not root])
+    summary = _summary(rows, dev, ben, mode, root, per_pair, warnings, threshold, checkers, time.perf_counter() - t0)
+    result = CompareResult(rows=rows, summary=summary, root_cause=root, suspects=ranked,
+                           output_dir=Path(output_dir) if output_dir is not None else None)
+    _report(result, reg, formats, warnings)
+    summary["warnings"] = warnings
+    return result
+
+
+def _units(r: Any) -> str:
+    return ", ".join(f"step{u.step}/rank{u.rank}" for u in r.units) or "nothing"
+
+
+def _first(suspects: list[Suspect]) -> Suspect | None:
+    """The first divergence among the pairs' root causes: lowest step, then the earliest op, then
+    the lowest rank."""
+    if not suspects:
+        return None
+    return min(suspects, key=lambda s: (s.step, s.index, s.rank))
+
+
+#: keys of a dump header's ``backend`` environment that name the precision an emulating device
+#: computed in (the emulated backend writes ``emulated_dtype``)
+EMULATED_DTYPE_KEYS = ("emulated_dtype", "emulate_dtype", "compute_dtype")
+
+
+def emulated_dtype(reader: Any, common: list[tuple[int, int]]) -> str | None:
+    """The reduced precision a dump's device emulated (from its header), or None."""
+    for s, r in common[:1]:
+        env = (reader.header(s, r) or {}).get("backend") or {}
+        if not isinstance(env, dict):
+            return None
+        for k in EMULATED_DTYPE_KEYS:
+            v = env.get(k)
+            if isinstance(v, str) and v:
+                v = v.replace("torch.", "")
+                if v in rootcause.DTYPE_RTOL and v not in ("float32", "float64"):
+                    return v
+    return None
+
+
+def _header_warnings(dev: Any, ben: Any, common: list[tuple[int, int]]) -> list[str]:
+    out: list[str] = []
+    s, r = common[0]
+    hd, hb = dev.header(s, r) or {}, ben.header(s, r) or {}
+    for k in HEADER_CHECKS:
+        if k in hd and k in hb and hd[k] != hb[k]:
+            out.append(f"the dumps differ in {k}: device {hd[k]!r}, bench {hb[k]!r}; records may pair poorly - dump both the same way")
+    bd, bb = hd.get("backend") or {}, hb.get("backend") or {}
+    for k in BACKEND_CHECKS:
+        if k in bd and k in bb and bd[k] != bb[k]:
+            if isinstance(bd[k], dict) and isinstance(bb[k], dict):
+                diff = sorted(x for x in set(bd[k]) | set(bb[k]) if bd[k].get(x) != bb[k].get(x))
+                out.append(f"numerics switches differ: {', '.join(f'{x}={bd[k].get(x)!r}/{bb[k].get(x)!r}' for x in diff)} (device/bench)")
+            else:
+                out.append(f"{k} differs: device {bd[k]!r}, bench {bb[k]!r}")
+    if hd and hb and hd.get("format") != hb.get("format"):
+        out.append(f"comparing a {hd.get('format', dev.format)} dump with a {hb.get('format', ben.format)} dump")
+    return out
+
+
+def _registry(plugins: Any) -> Any:
+    from ..plugins import Registry, get_registry
+
+    if isinstance(plugins, Registry):
+        return plugins
+    try:
+        return get_registry(str(plugins) if plugins is not None else None)
+    except TorchparityError:
+        raise
+    except Exception as exc:  # pragma: no cover - defensive
+        log.warning("plugin discovery failed (%s); comparing with built-in rules", exc)
+        return None
+
+
+def _run_jobs(jobs: list[tuple[Any, ...]], workers: int | None, dev: Any, ben: Any) -> list[Any]:
+    n = len(jobs)
+    if workers is None:
+        size = sum((u.path / "records.jsonl").stat().st_size if (u.path / "records.jsonl").is_file() else
+                   ((u.path / "dump.json").stat().st_size if (u.path / "dump.json").is_file() else 0) for u in dev.units)
+        workers = min(n, os.cpu_count() or 1) if n > 1 and size > PARALLEL_MIN_ROWS * 300 else 1
+    if workers <= 1 or n <= 1:
+        return [_compare_pair_safe(j) for j in jobs]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, n), mp_context=ctx) as ex:
+        return list(ex.map(_compare_pair_safe, jobs))
+
+
+def _compare_pair_safe(job: tuple[Any, ...]) -> Any:
+    try:
+        return compare_pair(*job)
+    except TorchparityError as exc:
+        return exc
+
+
+# ---------------------------------------------------------------------------------------------
+# one (step, rank)
+# ---------------------------------------------------------------------------------------------
+
+
+def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: Mapping[str, str],
+                 threshold: float, tolerance_dtype: str | None) -> tuple[Any, list[Suspect], list[str], dict[str, Any]]:
+    """Compare one (step, rank). Returns (rows, suspects, warnings, info)."""
+    from ..dump.reader import open_dump, read_unit
+
+    warnings: list[str] = []
+    dr, br = open_dump(dev_path), open_dump(bench_path)
+    dw: list[str] = []
+    bw: list[str] = []
+    d = read_unit(dr.unit(step, rank), dw)
+    b = read_unit(br.unit(step, rank), bw)
+    warnings += [f"device dump: {w}" for w in dw] + [f"bench dump: {w}" for w in bw]
+    info: dict[str, Any] = {"step": step, "rank": rank, "device_records": int(d["record_id"].nunique()),
+                            "bench_records": int(b["record_id"].nunique())}
+    if not len(d) or not len(b):
+        side = "device" if not len(d) else "bench"
+        raise DumpError(f"the {side} dump has no records for step{step}/rank{rank}"
+                        + (f": {(dw if side == 'device' else bw)[-1]}" if (dw if side == "device" else bw) else ""))
+    pairs = matching.match_records(d, b, mapping)
+    _check_same_computation(pairs, step, rank)
+    both = matching.pair_rows(d, b, pairs)
+    rows = _build_rows(both, step, rank)
+    stacks = dr.stacks(step, rank)
+    _add_tensor_metrics(rows, both, warnings)
+    rows["judge_dtype"] = rootcause.judge_dtypes(rows, tolerance_dtype)
+    rows["floor"] = rootcause.floors(rows)
+    arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks)
+    rows["input_error"] = arrays["input_error"]
+    rows["amplification"] = arrays["amplification"]
+    mc = pairs["match"].value_counts().to_dict()
+    info.update({"matches": {k: int(v) for k, v in mc.items()},
+                 "root_cause": suspects[0].name if suspects else None,
+                 "root_cause_index": suspects[0].index if suspects else None,
+                 "suspects": len(suspects)})
+    rows = rows.drop(columns=["d_stack", "d_fwd"], errors="ignore").rename(columns={"d_record_id": "device_record_id"})
+    return rows, suspects, warnings, info
+
+
+#: below this fraction of paired records (of the smaller side) the dumps are not comparable
+MIN_PAIRED_FRACTION = 0.25
+
+
+def _check_same_computation(pairs: Any, step: int, rank: int) -> None:
+    """Refuse to compare dumps of different computations (a different model, level or filters)."""
+    m = pairs["match"].to_numpy()
+    n_d = int((pairs["dev_rid"] >= 0).sum())
+    n_b = int((pairs["bench_rid"] >= 0).sum())
+    paired = int((m != "unmatched").sum())
+    smaller = min(n_d, n_b)
+    if smaller >= 8 and paired < MIN_PAIRED_FRACTION * smaller:
+        raise DumpError(
+            f"step{step}/rank{rank}: only {paired} of {n_d} device and {n_b} bench records pair up; these dumps "
+            f"do not record the same computation (different model, dump level or filters?) - dump both runs the same way")
+
+
+def _col(both: Any, name: str) -> Any:
+    d, b = both[f"d_{name}"], both[f"b_{name}"]
+    return d.where(d.notna(), b)
+
+
+def _build_rows(both: Any, step: int, rank: int) -> Any:
+    import pandas as pd
+
+    n = len(both)
+    io = _col(both, "io").astype(str)
+    arg = _col(both, "arg").astype(str)
+    rid = both["d_record_id"].to_numpy()
+    brid = both["b_record_id"].fillna(-1).astype("int64").to_numpy()
+    order = _order(rid, brid, both)
+    rows = pd.DataFrame({
+        "device_name": both["d_name"], "bench_name": both["b_name"], "tensor": io + "." + arg,
+        "op": _col(both, "op"), "module": _col(both, "module"), "phase": _col(both, "phase"),
+        "level": _col(both, "level"), "step": step, "rank": rank, "order": order, "io": io, "arg": arg,
+        "kind": _col(both, "kind"), "match": both["match"].to_numpy(),
+        "device_dtype": both["d_dtype"], "bench_dtype": both["b_dtype"],
+        "device_shape": both["d_shape"], "bench_shape": both["b_shape"],
+        "device_requires_grad": both["d_requires_grad"], "bench_requires_grad": both["b_requires_grad"],
+        "d_record_id": rid, "bench_record_id": brid, "producer": both["d_producer"], "d_stack": both["d_stack"],
+        "d_fwd": both["d_fwd"],
+    })
+    for c in ("cosine", "max_abs_err", "max_rel_err", "mean_rel_err", "rmse", "euc_dist",
+              "one_thousandth_ratio", "five_thousandth_ratio", "rel_l2"):
+        rows[c] = np.nan
+    rows["worst_index"] = None
+    dstat = {s: both[f"d_{s}"].to_numpy(dtype="float64") for s in metrics.STATS + ("nan", "inf")}
+    bstat = {s: both[f"b_{s}"].to_numpy(dtype="float64") for s in metrics.STATS + ("nan", "inf")}
+    for s in metrics.STATS:
+        rows[f"device_{s}"] = dstat[s]
+        rows[f"bench_{s}"] = bstat[s]
+    numel = metrics.numel(both["b_shape"].where(both["b_shape"].notna(), both["d_shape"]).tolist())
+    sm = metrics.stat_metrics(dstat, bstat, numel)
+    for s in metrics.STATS:
+        rows[f"{s}_diff"] = sm[f"{s}_diff"]
+    for s in metrics.STATS:
+        rows[f"{s}_rel_diff"] = sm[f"{s}_rel_diff"]
+    for s in ("nan", "inf"):
+        rows[f"device_{s}"] = dstat[s]
+        rows[f"bench_{s}"] = bstat[s]
+    rows["nonfinite_mismatch"] = sm["nonfinite_mismatch"]
+    rows["stat_error"] = sm["stat_error"]
+    rows["device_md5"] = both["d_md5"]
+    rows["bench_md5"] = both["b_md5"]
+    has_md5 = both["d_md5"].notna() & both["b_md5"].notna()
+    eq = (both["d_md5"] == both["b_md5"]).astype(object)
+    rows["md5_equal"] = eq.where(has_md5, None)
+    error = sm["stat_error"]
+    same_dtype = (both["d_dtype"] == both["b_dtype"]).to_numpy()
+    comparable = has_md5.to_numpy() & same_dtype
+    rows["md5_differs"] = comparable & (both["d_md5"] != both["b_md5"]).to_numpy()
+    rows["md5_comparable"] = comparable
+    # scalar arguments
+    kind = rows["kind"].to_numpy()
+    scalar = (kind == "scalar") & (rows["match"].to_numpy() != "unmatched")
+    rows["device_value"] = both["d_value"]
+    rows["bench_value"] = both["b_value"]
+    differs = np.zeros(n, dtype=bool)
+    if scalar.any():
+        idx = np.flatnonzero(scalar)
+        dv, bv = both["d_value"].to_numpy()[idx], both["b_value"].to_numpy()[idx]
+        differs[idx] = [not _same_value(x, y) for x, y in zip(dv, bv)]
+    rows["value_differs"] = differs
+    unmatched = rows["match"].to_numpy() == "unmatched"
+    error = np.where(unmatched | (kind != "tensor"), np.nan, error)
+    rows["error"] = error
+    rec_differs = pd.Series(differs).groupby(rid).transform("max").to_numpy(dtype=bool) if n else differs
+    rows["args_differ"] = rec_differs & (rid >= 0)
+    return rows
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, (int, float)) or isinstance(b, float) and isinstance(a, (int, float)):
+        if math.isnan(a) and math.isnan(b):
+            return True
+        return a == b or abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+    if isinstance(a, str) and isinstance(b, str) and ("float" in a or "bfloat" in b or "float" in b):
+        return True  # dtype arguments differ legitimately between a low-precision run and its benchmark
+    return bool(a == b)
+
+
+def _order(rid: np.ndarray, brid: np.ndarray, both: Any) -> np.ndarray:
+    """Execution order of the device record; bench-only rows are placed after the device record
+    paired with the closest earlier bench record."""
+    order = rid.astype("float64")
+    bonly = rid < 0
+    if bonly.any():
+        m = (rid >= 0) & (brid >= 0)
+        pb, pd_ = brid[m], rid[m]
+        if len(pb):
+            srt = np.argsort(pb, kind="stable")
+            pb, pd_ = pb[srt], pd_[srt]
+            k = np.searchsorted(pb, brid[bonly], side="right") - 1
+            order[bonly] = np.where(k >= 0, pd_[np.clip(k, 0, None)] + 0.5, -0.5)
+        else:
+            order[bonly] = -0.5
+    return order
+
+
+def _add_tensor_metrics(rows: Any, both: Any, warnings: list[str]) -> None:
+    """Full-tensor metrics for rows whose two tensors were saved (tensor mode)."""
+    dt, bt = both["d_tensor"].to_numpy(), both["b_tensor"].to_numpy()
+    idx = [i for i in range(len(rows)) if dt[i] is not None and bt[i] is not None
+           and not (isinstance(dt[i], float)) and not (isinstance(bt[i], float))]
+    if not idx:
+        return
+    unreadable = 0
+    first_msg = ""
+    cols = {c: rows[c].to_numpy(dtype=object).copy() for c in metrics.TENSOR_METRICS}
+    err = rows["error"].to_numpy(dtype="float64").copy()
+    nfm = rows["nonfinite_mismatch"].to_numpy(dtype=bool).copy()
+    reasons = np.full(len(rows), "", dtype=object)
+    for i in idx:
+        try:
+            a, b = dt[i].load(), bt[i].load()
+        except DumpError as exc:
+            unreadable += 1
+            first_msg = first_msg or str(exc)
+            reasons[i] = "tensor file unreadable: judged on statistics only"
+            continue
+        if a.numel() != b.numel():
+            reasons[i] = f"shape differs ({tuple(a.shape)} vs {tuple(b.shape)})"
+            continue
+        m = metrics.tensor_metrics(a, b)
+        for c in metrics.TENSOR_METRICS:
+            cols[c][i] = m[c]
+        nfm[i] = nfm[i] or m["nonfinite_mismatch"]
+        if rows["match"].iat[i] != "unmatched":
+            err[i] = m["rel_l2"]
+    for c in metrics.TENSOR_METRICS:
+        rows[c] = cols[c] if c == "worst_index" else cols[c].astype("float64")
+    rows["error"] = err
+    rows["nonfinite_mismatch"] = nfm
+    rows["note"] = reasons
+    if unreadable:
+        warnings.append(f"{unreadable} saved tensor(s) could not be read, those rows were compared on statistics "
+                        f"only (first: {first_msg})")
+
+
+def _mode(rows: Any) -> str:
+    if rows["cosine"].notna().any():
+        return "tensor"
+    if rows["md5_equal"].notna().any():
+        return "md5"
+    return "statistics"
+
+
+def _summary(rows: Any, dev: Any, ben: Any, mode: str, root: Suspect | None, per_pair: list[dict[str, Any]],
+             warnings: list[str], threshold: float, checkers: list[Any], elapsed: float) -> dict[str, Any]:
+    v = rows["verdict"].value_counts().to_dict()
+    um = rows["match"] == "unmatched"
+    first = None
+    if root is not None:
+        first = {"step": root.step, "rank": root.rank, "name": root.name, "index": root.index}
+    diverged_pairs = [p for p in per_pair if p["root_cause"]]
+    return {
+        "device_dump": str(dev.path), "bench_dump": str(ben.path),
+        "device_format": dev.format, "bench_format": ben.format, "mode": mode,
+        "steps": sorted({p["step"] for p in per_pair}), "ranks": sorted({p["rank"] for p in per_pair}),
+        "n_rows": int(len(rows)), "n_compared": int((~um).sum()),
+        "n_unmatched_device": int((um & (rows["device_record_id"] >= 0)).sum()),
+        "n_unmatched_bench": int((um & (rows["device_record_id"] < 0)).sum()),
+        "n_pass": int(v.get("pass", 0)), "n_warning": int(v.get("warning", 0)), "n_error": int(v.get("error", 0)),
+        "n_skip": int(v.get("skip", 0)),
+        "diverged": root is not None or int(v.get("error", 0)) > 0,
+        "first_divergence": first,
+        "diverged_pairs": [{"step": p["step"], "rank": p["rank"], "root_cause": p["root_cause"]} for p in diverged_pairs],
+        "pairs": per_pair,
+        "threshold": threshold,
+        "checkers": [c.name for c in checkers] or ["builtin"],
+        "elapsed_s": round(elapsed, 3),
+        "warnings": warnings,
+    }
+
+
+def _report(result: CompareResult, reg: Any, formats: Any, warnings: list[str]) -> None:
+    wanted = _normalise_formats(formats)
+    if reg is None:
+        return
+    reporters = reg.reporters
+    if wanted is None:
+        if result.output_dir is None:
+            return
+        names = list(reporters)
+    else:
+        names = wanted
+        missing = [n for n in names if n not in reporters]
+        for n in missing:
+            warnings.append(f"no reporter named '{n}' is installed (installed: {', '.join(reporters) or 'none'}); "
+                            f"skipped that format")
+        names = [n for n in names if n in reporters]
+    if not names:
+        return
+    out = result.output_dir or Path("torchparity_compare")
+    out.mkdir(parents=True, exist_ok=True)
+    result.output_dir = out
+    for n in names:
+        try:
+            result.reports[n] = list(reporters[n].write(result, out) or [])
+        except TorchparityError:
+            raise
+        except Exception as exc:
+            warnings.append(f"reporter '{n}' failed ({type(exc).__name__}: {exc}); its report is missing")

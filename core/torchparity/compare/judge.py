@@ -1,0 +1,82 @@
+"""Verdicts: run the checker plugins over the compare rows; the worst verdict wins.
+
+Each checker returns ``verdict``/``reason`` per row (``skip`` where it has nothing to say). When no
+checker plugin is installed a minimal built-in rule still flags what is never acceptable
+(NaN/Inf that do not coincide, a differing checksum of same-dtype tensors) so a broken install
+cannot turn into "all pass".
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import PluginError
+from ..plugin_types import VERDICT_RANK, CheckContext, Checker
+
+log = logging.getLogger("torchparity")
+
+
+def builtin_verdicts(rows: Any) -> Any:
+    """The fallback judge (no checker plugin installed)."""
+    import pandas as pd
+
+    verdict = np.where(rows["match"].to_numpy() == "unmatched", "skip", "pass").astype(object)
+    reason = np.full(len(rows), "", dtype=object)
+    nf = rows["nonfinite_mismatch"].fillna(False).to_numpy(dtype=bool)
+    verdict[nf] = "error"
+    reason[nf] = "NaN/Inf positions differ from the benchmark"
+    md5_bad = (rows["md5_equal"] == False).to_numpy() & (rows["device_dtype"] == rows["bench_dtype"]).to_numpy()  # noqa: E712
+    verdict[md5_bad & ~nf] = "error"
+    reason[md5_bad & ~nf] = "checksum differs"
+    return pd.DataFrame({"verdict": verdict, "reason": reason}, index=rows.index)
+
+
+def judge(rows: Any, checkers: Sequence[Checker], mode: str) -> tuple[Any, list[str]]:
+    """Add ``verdict``, ``reason`` and ``checker`` columns to ``rows`` (in place); return rows and
+    the problems met (a checker that failed is reported and skipped)."""
+    problems: list[str] = []
+    n = len(rows)
+    best = np.zeros(n, dtype=int)  # VERDICT_RANK of "skip"
+    verdict = np.full(n, "skip", dtype=object)
+    reason = np.full(n, "", dtype=object)
+    who = np.full(n, "", dtype=object)
+    results: list[tuple[str, Any]] = []
+    for c in checkers:
+        try:
+            res = c.judge_rows(rows, CheckContext(mode=mode))
+        except PluginError as exc:
+            problems.append(str(exc))
+            continue
+        except Exception as exc:  # a broken plugin must not break the comparison
+            problems.append(f"checker '{c.name}' failed ({type(exc).__name__}: {exc}); its verdicts are missing. "
+                            f"Disable it in plugins.yaml or report it to its author")
+            continue
+        results.append((c.name, res))
+    if not results:
+        if not checkers:
+            problems.append("no checker plugins are installed: using the built-in NaN/Inf and checksum rules only "
+                            "(pip install -e ./checkers/allclose ./checkers/md5)")
+        results.append(("builtin", builtin_verdicts(rows)))
+    for name, res in results:
+        v = res["verdict"].reindex(rows.index).fillna("skip").to_numpy(dtype=object)
+        rsn = res["reason"].reindex(rows.index).fillna("").to_numpy(dtype=object)
+        rank = np.array([VERDICT_RANK.get(x, 0) for x in v]) if n < 1000 else _ranks(v)
+        worse = rank > best
+        best = np.where(worse, rank, best)
+        verdict = np.where(worse, v, verdict)
+        reason = np.where(worse, rsn, reason)
+        who = np.where(worse, name, who)
+        # same verdict from several checkers: keep the first reason, note the other checker
+    rows["verdict"] = verdict
+    rows["reason"] = reason
+    rows["checker"] = who
+    return rows, problems
+
+
+def _ranks(v: np.ndarray) -> np.ndarray:
+    import pandas as pd
+
+    return pd.Series(v).map(VERDICT_RANK).fillna(0).astype(int).to_numpy()

@@ -1,0 +1,211 @@
+"""Pair device records with bench records, even when the two op sequences differ.
+
+Stages, in order (each sees only what earlier stages left unmatched):
+
+1. ``exact``: (phase, module, op, call_index), for (phase, module, op) groups with the same
+   number of calls on both sides;
+2. ``no_counter``: inside groups whose call counts differ (an extra call, a missing call), an
+   order-preserving alignment on the tensor shapes of each call;
+3. ``shape``: same phase and module, a different op with the same shapes (a fused op on one
+   side: ``addmm`` vs ``mm`` + ``add``), order-preserving;
+4. ``align``: what is left, across modules (renamed modules), by op and shapes: an LCS-like
+   alignment (:class:`difflib.SequenceMatcher`) for small leftovers, per-key order otherwise.
+
+A layer mapping (``{device_name: bench_name}``, e.g. ``linear_qkv: query_key_value``) renames
+device module path components (or whole path prefixes) before matching. Nothing here raises on
+length mismatches: whatever cannot be paired is returned as unmatched.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import UsageError
+
+REC_KEYS = ["phase", "mkey", "op"]
+
+
+def load_layer_mapping(mapping: str | Path | Mapping[str, str] | None) -> dict[str, str]:
+    """A layer mapping from a YAML file or a dict (device module name -> bench module name)."""
+    if mapping is None:
+        return {}
+    if isinstance(mapping, Mapping):
+        return {str(k): str(v) for k, v in mapping.items()}
+    import yaml
+
+    p = Path(mapping)
+    if not p.is_file():
+        raise UsageError(f"layer mapping {p} does not exist; pass a YAML file of 'device_name: bench_name' lines")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise UsageError(f"layer mapping {p} is not valid YAML: {exc}".replace("\n", " ")) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"layer mapping {p} must be a mapping of 'device_name: bench_name' lines")
+    flat: dict[str, str] = {}
+    for k, v in data.items():  # allow one level of grouping (msprobe-style sections)
+        if isinstance(v, dict):
+            flat.update({str(a): str(b) for a, b in v.items()})
+        else:
+            flat[str(k)] = str(v)
+    return flat
+
+
+def map_module(path: str, mapping: Mapping[str, str]) -> str:
+    """Apply a layer mapping to one module path (prefix mapping first, then per component)."""
+    if not mapping or not path:
+        return path
+    for src in sorted((k for k in mapping if "." in k), key=len, reverse=True):
+        if path == src or path.startswith(src + "."):
+            return mapping[src] + path[len(src):]
+    return ".".join(mapping.get(p, p) for p in path.split("."))
+
+
+def record_table(rows: Any, mapping: Mapping[str, str] | None = None) -> Any:
+    """One line per record: record_id, phase, module, mkey (mapped module), op, call_index, sig."""
+    import pandas as pd
+
+    rec = rows.drop_duplicates("record_id")[["record_id", "name", "phase", "module", "op", "call_index", "level"]].copy()
+    mods = rec["module"].astype(str)
+    if mapping:
+        uniq = {m: map_module(m, mapping) for m in mods.unique()}
+        rec["mkey"] = mods.map(uniq)
+    else:
+        rec["mkey"] = mods
+    rec = rec.sort_values("record_id", kind="stable").reset_index(drop=True)
+    rec["sig"] = pd.Series(dtype=object)
+    return rec
+
+
+def _signatures(rows: Any, rids: Any) -> dict[int, str]:
+    """Shape signature of each record: its tensor shapes by io, joined."""
+    sub = rows[rows["record_id"].isin(rids)]
+    if not len(sub):
+        return {}
+    s = sub["io"].astype(str) + ":" + sub["shape"].astype(str)
+    return s.groupby(sub["record_id"], sort=False).agg("|".join).to_dict()
+
+
+def _align(a: list[str], b: list[str], limit: int = 4000) -> list[tuple[int, int]]:
+    """Order-preserving pairs of equal items (LCS-like). Large inputs: per-key order instead."""
+    if not a or not b:
+        return []
+    if len(a) <= limit and len(b) <= limit:
+        sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+        return [(blk.a + k, blk.b + k) for blk in sm.get_matching_blocks() for k in range(blk.size)]
+    pos: dict[str, list[int]] = {}
+    for j, x in enumerate(b):
+        pos.setdefault(x, []).append(j)
+    taken: dict[str, int] = {}
+    out = []
+    for i, x in enumerate(a):
+        lst = pos.get(x)
+        if lst:
+            k = taken.get(x, 0)
+            if k < len(lst):
+                out.append((i, lst[k]))
+                taken[x] = k + 1
+    return out
+
+
+def match_records(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | None = None) -> Any:
+    """Pair records of one (step, rank). Returns a DataFrame ``dev_rid, bench_rid, match``.
+
+    Unmatched records appear with the other side's id set to -1 and ``match="unmatched"``.
+    """
+    import pandas as pd
+
+    d = record_table(dev_rows, mapping)
+    b = record_table(bench_rows, None)
+    pairs: list[Any] = []
+
+    # 1. exact key in groups with equal call counts
+    dc = d.groupby(REC_KEYS, sort=False).size().rename("nd")
+    bc = b.groupby(REC_KEYS, sort=False).size().rename("nb")
+    counts = pd.concat([dc, bc], axis=1)
+    equal = counts[counts["nd"] == counts["nb"]].reset_index()[REC_KEYS]
+    de = d.merge(equal, on=REC_KEYS)
+    be = b.merge(equal, on=REC_KEYS)
+    ex = de.merge(be, on=REC_KEYS + ["call_index"], suffixes=("_d", "_b"))
+    if len(ex):
+        pairs.append(pd.DataFrame({"dev_rid": ex["record_id_d"].to_numpy(), "bench_rid": ex["record_id_b"].to_numpy(), "match": "exact"}))
+    used_d = set(ex["record_id_d"].tolist())
+    used_b = set(ex["record_id_b"].tolist())
+
+    left_d = d[~d["record_id"].isin(used_d)]
+    left_b = b[~b["record_id"].isin(used_b)]
+    if len(left_d) and len(left_b):
+        sig_d = _signatures(dev_rows, left_d["record_id"])
+        sig_b = _signatures(bench_rows, left_b["record_id"])
+        extra: list[tuple[int, int, str]] = []
+
+        def stage(keys: list[str], item: str, label: str) -> None:
+            nonlocal left_d, left_b
+            if not len(left_d) or not len(left_b):
+                return
+            gb = {k: g for k, g in left_b.groupby(keys, sort=False)} if keys else {(): left_b}
+            groups = left_d.groupby(keys, sort=False) if keys else [((), left_d)]
+            new: list[tuple[int, int, str]] = []
+            for k, gd in groups:
+                gbk = gb.get(k)
+                if gbk is None:
+                    continue
+                ida, idb = gd["record_id"].tolist(), gbk["record_id"].tolist()
+                if item == "sig":
+                    a = [sig_d.get(i, "") for i in ida]
+                    bb = [sig_b.get(i, "") for i in idb]
+                else:
+                    a = [f"{o}|{sig_d.get(i, '')}" for o, i in zip(gd["op"], ida)]
+                    bb = [f"{o}|{sig_b.get(i, '')}" for o, i in zip(gbk["op"], idb)]
+                new += [(ida[x], idb[y], label) for x, y in _align(a, bb)]
+            if new:
+                extra.extend(new)
+                nd = {x for x, _, _ in new}
+                nb = {y for _, y, _ in new}
+                left_d = left_d[~left_d["record_id"].isin(nd)]
+                left_b = left_b[~left_b["record_id"].isin(nb)]
+
+        stage(REC_KEYS, "sig", "no_counter")
+        stage(["phase", "mkey"], "sig", "shape")
+        stage(["phase"], "opsig", "align")
+        if extra:
+            pairs.append(pd.DataFrame(extra, columns=["dev_rid", "bench_rid", "match"]))
+    matched = pd.concat(pairs, ignore_index=True) if pairs else pd.DataFrame(
+        {"dev_rid": pd.Series(dtype="int64"), "bench_rid": pd.Series(dtype="int64"), "match": pd.Series(dtype=object)})
+    md = set(matched["dev_rid"].tolist())
+    mb = set(matched["bench_rid"].tolist())
+    ud = d.loc[~d["record_id"].isin(md), "record_id"].to_numpy()
+    ub = b.loc[~b["record_id"].isin(mb), "record_id"].to_numpy()
+    un = [pd.DataFrame({"dev_rid": ud, "bench_rid": -1, "match": "unmatched"}),
+          pd.DataFrame({"dev_rid": -1, "bench_rid": ub, "match": "unmatched"})]
+    out = pd.concat([matched] + [u for u in un if len(u)], ignore_index=True)
+    out["dev_rid"] = out["dev_rid"].astype("int64")
+    out["bench_rid"] = out["bench_rid"].astype("int64")
+    return out
+
+
+def pair_rows(dev_rows: Any, bench_rows: Any, pairs: Any) -> Any:
+    """Pair tensor rows of matched records by (io, arg). Returns one frame with ``d_*``/``b_*``
+    columns and ``match`` (``unmatched`` for a tensor present on one side only)."""
+    import pandas as pd
+
+    dv = dev_rows.add_prefix("d_")
+    bv = bench_rows.add_prefix("b_")
+    p = pairs.rename(columns={"dev_rid": "d_record_id", "bench_rid": "b_record_id"})
+    left = dv.merge(p, on="d_record_id", how="left")
+    left["b_record_id"] = left["b_record_id"].fillna(-1).astype("int64")
+    left["match"] = left["match"].fillna("unmatched")
+    both = left.merge(bv, left_on=["b_record_id", "d_io", "d_arg"], right_on=["b_record_id", "b_io", "b_arg"],
+                      how="outer", indicator=True)
+    # bench rows that did not pair: attach the device record they were matched to (if any)
+    bonly = both["_merge"] == "right_only"
+    if bonly.any():
+        rev = pairs[pairs["bench_rid"] >= 0].set_index("bench_rid")["dev_rid"]
+        both.loc[bonly, "d_record_id"] = both.loc[bonly, "b_record_id"].map(rev).fillna(-1).to_numpy()
+    both.loc[both["_merge"] != "both", "match"] = "unmatched"
+    both["d_record_id"] = both["d_record_id"].fillna(-1).astype("int64")
+    return both.drop(columns="_merge")

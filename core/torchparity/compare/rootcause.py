@@ -1,0 +1,290 @@
+"""Root cause: the earliest op that *introduced* a divergence rather than carried it.
+
+Each device record gets an input error (the largest error of its tensor inputs and parameters,
+taken from the producer's output through the data flow when the input itself is not compared)
+and an output error (the largest error of its outputs; for a device-only op, the error its
+consumers see on the tensors it produced). Its score is the amplification::
+
+    score = output_error / max(input_error, floor(dtype))
+
+where ``floor`` is ``FLOOR_FACTOR`` times the relative tolerance of the lower-precision dtype of
+the pair (bf16 device vs fp32 bench: the bf16 tolerance), so rounding noise never scores as
+amplification. An op is a suspect when its score reaches the threshold; the root cause is the
+earliest suspect in execution order (inside a suspect module, its earliest suspect child).
+
+A tensor that enters without a producer (a parameter or a model input) and already differs, while
+nothing before it differed that much, is a *source*: reported as kind ``parameter``/``input``,
+or blamed on an unmatched device-only op that ran just before it when there is one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..results import Suspect
+
+#: relative tolerances by dtype (torch.testing defaults); the floor is FLOOR_FACTOR times this.
+DTYPE_RTOL = {
+    "float16": 1e-3, "bfloat16": 1.6e-2, "float32": 1.3e-6, "float64": 1e-7,
+    "float8_e4m3fn": 1.25e-1, "float8_e5m2": 2.5e-1, "complex64": 1.3e-6, "complex128": 1e-7,
+}
+FLOOR_FACTOR = 2.0
+DEFAULT_THRESHOLD = 10.0
+_PRECISION_ORDER = ["float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "float32", "complex64", "float64", "complex128"]
+
+
+def pair_dtype(*dtypes: Any) -> str:
+    """The lower-precision floating dtype of a pair (the one whose rounding bounds the error)."""
+    cands = [x for x in dtypes if isinstance(x, str) and x in DTYPE_RTOL]
+    if not cands:
+        return "float32"
+    return min(cands, key=lambda x: _PRECISION_ORDER.index(x) if x in _PRECISION_ORDER else 99)
+
+
+def judge_dtypes(rows: Any, dtype_override: str | None = None) -> np.ndarray:
+    """Per row, the dtype whose rounding bounds the expected error: the lower-precision floating
+    dtype of the pair, or ``dtype_override`` when that is lower (a device that emulates bf16 while
+    storing float32 tensors is judged against bf16)."""
+    combos: dict[tuple[Any, Any], str] = {}
+    dd, bd = rows["device_dtype"].to_numpy(dtype=object), rows["bench_dtype"].to_numpy(dtype=object)
+    out = np.empty(len(rows), dtype=object)
+    for i in range(len(rows)):
+        key = (dd[i], bd[i])
+        v = combos.get(key)
+        if v is None:
+            floating = any(isinstance(x, str) and x in DTYPE_RTOL for x in key)
+            v = pair_dtype(*key, dtype_override) if (dtype_override and floating) else pair_dtype(*key)
+            combos[key] = v
+        out[i] = v
+    return out
+
+
+def floors(rows: Any, dtype_override: str | None = None) -> np.ndarray:
+    """Noise floor per row: FLOOR_FACTOR x the relative tolerance of its judge dtype."""
+    jd = rows["judge_dtype"].to_numpy(dtype=object) if "judge_dtype" in rows else judge_dtypes(rows, dtype_override)
+    table = {k: FLOOR_FACTOR * v for k, v in DTYPE_RTOL.items()}
+    return np.array([table.get(x, table["float32"]) for x in jd], dtype="float64")
+
+
+def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, rank: int = 0,
+            stacks: dict[int, list[str]] | None = None) -> tuple[dict[str, np.ndarray], list[Suspect]]:
+    """Score the records of one (step, rank). ``rows`` are compare rows of that pair with
+    columns ``d_record_id, order, io, kind, error, floor, producer, arg, match, device_name,
+    bench_name, op, module, phase, level, d_stack, args_differ``.
+
+    Returns per-row arrays (``input_error``, ``amplification``) and the suspects, earliest first.
+    """
+    import pandas as pd
+
+    n = len(rows)
+    dev = rows["d_record_id"].to_numpy() >= 0
+    r = pd.DataFrame({
+        "rid": rows["d_record_id"].to_numpy(), "io": rows["io"].to_numpy(), "kind": rows["kind"].to_numpy(),
+        "err": rows["error"].to_numpy(dtype="float64"), "floor": rows["floor"].to_numpy(dtype="float64"),
+        "arg": rows["arg"].astype(str).to_numpy(), "matched": (rows["match"] != "unmatched").to_numpy(),
+    })[dev]
+    prod = rows["producer"].to_numpy()[dev]
+    r["p_rid"] = [p[0] if isinstance(p, tuple) and len(p) == 2 else -1 for p in prod]
+    r["p_idx"] = [str(p[1]) if isinstance(p, tuple) and len(p) == 2 else "" for p in prod]
+    is_out = r["io"].isin(["output", "grad"]) & (r["kind"] == "tensor")
+    is_in = r["io"].isin(["input", "param"]) & (r["kind"] == "tensor")
+
+    # output errors by (rid, arg), and per record
+    outs = r[is_out]
+    out_err_row = outs.set_index(["rid", "arg"])["err"]
+    out_err_row = out_err_row[~out_err_row.index.duplicated()]
+    out_err = outs.groupby("rid")["err"].max()
+
+    # inputs: own error, else the producer's output error (data flow)
+    ins = r[is_in].copy()
+    need = ins["err"].isna() & (ins["p_rid"] >= 0)
+    if need.any():
+        key = pd.MultiIndex.from_arrays([ins.loc[need, "p_rid"], ins.loc[need, "p_idx"]])
+        via = out_err_row.reindex(key).to_numpy()
+        via_rec = out_err.reindex(ins.loc[need, "p_rid"]).to_numpy()
+        ins.loc[need, "err"] = np.where(np.isnan(via), via_rec, via)
+    in_err = ins.groupby("rid")["err"].max()
+
+    # device-only ops: their output error is what their consumers see
+    cons = ins[(ins["p_rid"] >= 0) & ins["err"].notna()]
+    cons_err = cons.groupby("p_rid")["err"].max()
+
+    recs = rows[dev].drop_duplicates("d_record_id").set_index("d_record_id")
+    rec_ids = recs.index.to_numpy()
+    o_err = out_err.reindex(rec_ids).to_numpy()
+    c_err = cons_err.reindex(rec_ids).to_numpy()
+    o_err = np.where(np.isnan(o_err), c_err, o_err)
+    i_err = in_err.reindex(rec_ids).to_numpy()
+    has_inputs = pd.Series(True, index=ins["rid"].unique()).reindex(rec_ids).fillna(False).to_numpy(dtype=bool)
+    # a record whose only tensors are parameter gradients is a sink (the gradient was computed by
+    # the backward ops before it): it has no input error of its own and is never scored. Other
+    # records without tensor inputs (factory ops: randn, arange...) start from a zero input error.
+    grad_only = (r.assign(g=r["io"] == "grad").groupby("rid")["g"].all().reindex(rec_ids)
+                 .fillna(False).to_numpy(dtype=bool))
+    i_err = np.where(np.isnan(i_err) & ~has_inputs & ~grad_only, 0.0, i_err)
+    # backward records also read the tensors their forward op saved (its inputs and outputs):
+    # an error there is carried into the backward op, not introduced by it
+    if "d_fwd" in recs:
+        fwd = pd.to_numeric(recs["d_fwd"], errors="coerce").to_numpy(dtype="float64")
+        has_fwd = ~np.isnan(fwd)
+        if has_fwd.any():
+            saved = np.fmax(in_err.reindex(rec_ids).to_numpy(), out_err.reindex(rec_ids).to_numpy())
+            pos_of = pd.Series(np.arange(len(rec_ids)), index=rec_ids)
+            j = pos_of.reindex(fwd[has_fwd]).to_numpy()
+            carried = np.full(len(rec_ids), np.nan)
+            ok = ~np.isnan(j)
+            carried[np.flatnonzero(has_fwd)[ok]] = saved[j[ok].astype(int)]
+            i_err = np.where(np.isnan(carried), i_err, np.fmax(i_err, carried))
+    floor = r.groupby("rid")["floor"].max().reindex(rec_ids).to_numpy()
+    args_differ = recs["args_differ"].to_numpy(dtype=bool) if "args_differ" in recs else np.zeros(len(rec_ids), bool)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        denom = np.fmax(np.nan_to_num(i_err, nan=np.inf, posinf=np.inf, neginf=-np.inf), floor)
+        score = np.where(np.isinf(o_err) & np.isinf(denom), np.nan, o_err / denom)
+        score = np.where(np.isnan(i_err), np.nan, score)
+        # a differing scalar argument (approximate='tanh' vs 'none') with a differing output
+        score = np.where(args_differ & (o_err > floor), np.fmax(np.nan_to_num(score, posinf=np.inf, neginf=-np.inf), threshold), score)
+    # md5 mode: an output checksum differs while every input is bit-identical
+    md5_rule = np.zeros(len(rec_ids), dtype=bool)
+    if "md5_differs" in rows and bool(rows["md5_differs"].any()):
+        m = pd.DataFrame({"rid": rows["d_record_id"].to_numpy(), "io": rows["io"].to_numpy(),
+                          "kind": rows["kind"].to_numpy(), "diff": rows["md5_differs"].to_numpy(dtype=bool),
+                          "ok": (rows["md5_comparable"].to_numpy(dtype=bool) & ~rows["md5_differs"].to_numpy(dtype=bool))})
+        m = m[(m["rid"] >= 0) & (m["kind"] == "tensor")]
+        o = m[m["io"].isin(["output", "grad"])].groupby("rid")["diff"].any()
+        i_ok = m[m["io"].isin(["input", "param"])].groupby("rid")["ok"].all()
+        md5_rule = (o.reindex(rec_ids).fillna(False).to_numpy(dtype=bool)
+                    & i_ok.reindex(rec_ids).fillna(True).to_numpy(dtype=bool))
+        score = np.where(md5_rule, np.fmax(np.nan_to_num(score, posinf=np.inf, neginf=-np.inf), threshold), score)
+    order = recs["order"].to_numpy()
+    sus = np.nan_to_num(score, nan=0.0, posinf=np.inf, neginf=-np.inf) >= threshold
+
+    suspects: list[Suspect] = []
+
+    def mk(i: int, sc: float, ie: float, oe: float, reason: str, kind: str = "op") -> Suspect:
+        row = recs.iloc[i]
+        st = row.get("d_stack")
+        frames = stacks.get(int(st)) if stacks and st is not None and not _isnan(st) else None
+        return Suspect(name=str(row["device_name"]), op=str(row["op"]), module=str(row["module"]),
+                       phase=str(row["phase"]), step=step, rank=rank, index=int(order[i]), score=float(sc),
+                       input_error=float(ie), output_error=float(oe), reason=reason,
+                       bench_name=None if _isnan(row["bench_name"]) else str(row["bench_name"]),
+                       level=str(row.get("level") or ""), kind=kind, stack=frames)
+
+    matched_rec = recs["match"].to_numpy() != "unmatched"
+    for i in np.flatnonzero(sus):
+        ie, oe = float(np.nan_to_num(i_err[i], posinf=np.inf, neginf=-np.inf)), float(o_err[i])
+        what = "output" if matched_rec[i] else "output (seen by its consumers; this op exists on the device side only)"
+        if md5_rule[i] and not (o_err[i] / max(ie, floor[i]) >= threshold):
+            reason = "its output checksum differs from the benchmark while all its inputs are bit-identical"
+        elif args_differ[i] and (math.isnan(score[i]) or o_err[i] / max(ie, floor[i]) < threshold):
+            reason = f"a scalar argument differs from the benchmark and its {what} error is {_fmt(oe)}"
+        elif math.isinf(oe):
+            reason = f"its inputs are finite-equal (error {_fmt(ie)}) but its {what} has NaN/Inf that the benchmark does not"
+        else:
+            reason = (f"{what} error {_fmt(oe)} vs input error {_fmt(ie)} (floor {_fmt(floor[i])}): "
+                      f"amplified {_fmt(score[i])}x, threshold {threshold:g}")
+        suspects.append(mk(i, score[i], ie, oe, reason))
+
+    # sources: a tensor without producer that differs while nothing before it differed as much
+    src = ins[(ins["p_rid"] < 0) & ins["err"].notna()]
+    if len(src):
+        pos = pd.Series(np.arange(len(rec_ids)), index=rec_ids)
+        o_sorted_idx = np.argsort(order, kind="stable")
+        run_max = np.fmax.accumulate(np.nan_to_num(o_err[o_sorted_idx], nan=0.0, posinf=np.inf, neginf=-np.inf))
+        prev_max = np.concatenate([[0.0], run_max[:-1]])
+        prev_at = np.empty(len(rec_ids))
+        prev_at[o_sorted_idx] = prev_max
+        unmatched_orders = np.sort(order[~matched_rec])
+        seen: set[int] = set()
+        for rid, g in src.groupby("rid", sort=False):
+            i = int(pos[rid])
+            e = float(g["err"].max())
+            fl = float(g["floor"].max())
+            if not (e >= threshold * fl and e > threshold * prev_at[i]) or i in seen:
+                continue
+            seen.add(i)
+            io = g.loc[g["err"].idxmax()]
+            k = np.searchsorted(unmatched_orders, order[i])
+            if k > 0:  # an unmatched device op ran before: blame it
+                uo = unmatched_orders[k - 1]
+                j = int(np.flatnonzero(order == uo)[0])
+                suspects.append(mk(j, e / fl, 0.0, e,
+                                   f"exists on the device side only; the next compared input ({recs.iloc[i]['device_name']} "
+                                   f"{io['io']}.{io['arg']}) differs by {_fmt(e)} while nothing before it did"))
+                continue
+            kind = "parameter" if io["io"] == "param" else "input"
+            suspects.append(mk(i, e / fl, e, float(np.nan_to_num(o_err[i], posinf=np.inf, neginf=-np.inf)),
+                               f"{kind} {io['io']}.{io['arg']} already differs by {_fmt(e)} when it enters this op "
+                               f"(no op before it differs): check the {'weights/checkpoint' if kind == 'parameter' else 'model inputs / data loading'}",
+                               kind=kind))
+    suspects.sort(key=lambda s: (s.index, -s.score))
+    suspects = _prefer_inner(suspects)
+
+    # per-row arrays
+    rec_pos = pd.Series(np.arange(len(rec_ids)), index=rec_ids)
+    rid_all = rows["d_record_id"].to_numpy()
+    idx = rec_pos.reindex(rid_all).to_numpy()
+    ok = ~np.isnan(idx)
+    ii = np.where(ok, idx, 0).astype(int)
+    input_error = np.where(ok, i_err[ii] if len(rec_ids) else np.nan, np.nan)
+    amp = np.where(ok, score[ii] if len(rec_ids) else np.nan, np.nan)
+    return {"input_error": input_error, "amplification": amp}, suspects
+
+
+def _in_subtree(module: str, parent: str) -> bool:
+    return not parent or module == parent or module.startswith(parent + ".")
+
+
+def _prefer_inner(suspects: list[Suspect]) -> list[Suspect]:
+    """The innermost culprit first.
+
+    A module record contains the ops that ran inside it: when the earliest suspect is a module
+    record (or a module's suspect records come before their inner ops, as backward module
+    records do), the earliest suspect op of the same phase inside that module's subtree is the
+    more precise culprit. API and aten records are never replaced by a module record.
+    """
+    if len(suspects) < 2 or suspects[0].level != "module" or suspects[0].kind != "op":
+        return suspects
+    top = suspects[0]
+    inner = [s for s in suspects[1:] if s.phase == top.phase and s.level != "module" and s.kind == "op"
+             and _in_subtree(s.module, top.module)]
+    if not inner:
+        # at module level alone: the innermost suspect module inside the top one
+        inner = [s for s in suspects[1:] if s.phase == top.phase and s.kind == "op" and s.module != top.module
+                 and top.module != "" and _in_subtree(s.module, top.module)]
+        inner.sort(key=lambda s: (-s.module.count("."), s.index))
+    if inner:
+        first = inner[0]
+        return [first] + [s for s in suspects if s is not first]
+    return suspects
+
+
+def rank_suspects(suspects: list[Suspect], limit: int = 50) -> list[Suspect]:
+    """Best first: the root cause (earliest), then the others by score."""
+    if not suspects:
+        return []
+    head, rest = suspects[0], suspects[1:]
+    rest = sorted(rest, key=lambda s: (-_finite(s.score), s.index))
+    return [head] + rest[: limit - 1]
+
+
+def _finite(x: float) -> float:
+    return 1e300 if math.isinf(x) or math.isnan(x) else x
+
+
+def _isnan(x: Any) -> bool:
+    try:
+        return x is None or (isinstance(x, float) and math.isnan(x))
+    except TypeError:
+        return False
+
+
+def _fmt(x: float) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.3g}"

@@ -1,0 +1,295 @@
+"""Read msprobe dumps (``dump.json``, ``stack.json``, ``construct.json``, ``dump_tensor_data/``).
+
+msprobe names and fields are mapped to torchparity's columns:
+
+* ``input_args`` / ``input_kwargs`` (forward) and ``input`` (backward) -> ``io="input"``;
+  ``output`` -> ``output``; a module's ``parameters`` -> ``param``; ``parameters_grad`` records
+  -> ``grad`` (phase ``backward``).
+* ``Functional.linear.3.backward`` -> op ``torch.nn.functional.linear``, phase ``backward``,
+  level ``api``; ``Module.blocks.0.mlp.MLP.forward.0`` -> op ``MLP``, module ``blocks.0.mlp``,
+  level ``module``. API records take their module from ``construct.json`` (their parent module
+  record); ops whose parent is ``optimizer`` get phase ``optimizer``.
+* ``call_index`` is recomputed per (phase, module, op), in dump.json order, like torchparity's.
+
+A truncated or corrupt ``dump.json`` (msprobe rewrites it whole and a killed process leaves it
+cut) is parsed entry by entry with :meth:`json.JSONDecoder.raw_decode`, keeping every complete
+entry. ``.pt`` files are read only on demand with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import DumpError
+from .reader import COLUMNS, DumpUnit, PtRef, empty_frame
+
+_MODULE_RE = re.compile(r"^Module\.(?:(.*)\.)?([^.]+)\.(forward|backward|parameters_grad)\.(\d+)$")
+_API_RE = re.compile(r"^([A-Za-z0-9_]+)\.(.+)\.(\d+)\.(forward|backward)$")
+_PREFIX_NS = {
+    "Functional": "torch.nn.functional",
+    "Torch": "torch",
+    "Tensor": "torch.Tensor",
+    "Distributed": "torch.distributed",
+    "Aten": "aten",
+    "VF": "torch._VF",
+    "NPU": "torch_npu",
+}
+_NONFINITE = {"NaN": math.nan, "nan": math.nan, "Infinity": math.inf, "inf": math.inf,
+              "-Infinity": -math.inf, "-inf": -math.inf}
+
+
+def parse_name(name: str) -> dict[str, Any]:
+    """Split an msprobe record name into op, level, phase, module path and class."""
+    m = _MODULE_RE.match(name)
+    if m:
+        path, cls, phase, _ = m.groups()
+        return {"op": cls, "level": "module", "phase": "backward" if phase != "forward" else "forward",
+                "module": path or "", "module_class": cls, "param_grad": phase == "parameters_grad"}
+    m = _API_RE.match(name)
+    if m:
+        prefix, api, _, phase = m.groups()
+        ns = _PREFIX_NS.get(prefix, prefix)
+        return {"op": f"{ns}.{api}", "level": "aten" if prefix == "Aten" else "api", "phase": phase,
+                "module": None, "module_class": None, "param_grad": False}
+    return {"op": name, "level": "api", "phase": "backward" if ".backward" in name else "forward",
+            "module": None, "module_class": None, "param_grad": False}
+
+
+def _partial_data(text: str, rel: str, warnings: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Recover the complete entries of a truncated/corrupt dump.json.
+
+    Returns (top-level fields before ``data``, data entries).
+    """
+    dec = json.JSONDecoder()
+    head: dict[str, Any] = {}
+    for key in ("task", "level", "framework"):
+        m = re.search(r'"%s"\s*:\s*"([^"]*)"' % key, text[:4096])
+        if m:
+            head[key] = m.group(1)
+    m = re.search(r'"data"\s*:\s*\{', text)
+    if not m:
+        warnings.append(f"{rel}/dump.json is corrupt and has no readable 'data' section; no records from this rank")
+        return head, {}
+    pos = m.end()
+    n = len(text)
+    entries: dict[str, Any] = {}
+    ws = re.compile(r"[\s,]*")
+    lost_at = None
+    while True:
+        pos = ws.match(text, pos).end()
+        if pos >= n or text[pos] == "}":
+            break
+        try:
+            key, pos = dec.raw_decode(text, pos)
+            pos = re.compile(r"\s*:\s*").match(text, pos).end()  # type: ignore[union-attr]
+            value, pos = dec.raw_decode(text, pos)
+        except (json.JSONDecodeError, AttributeError, ValueError):
+            lost_at = pos
+            break
+        if isinstance(key, str):
+            entries[key] = value
+    if lost_at is not None:
+        warnings.append(
+            f"{rel}/dump.json is truncated or corrupt at character {lost_at} of {n}: read "
+            f"{len(entries)} complete entries, the rest is lost (msprobe rewrites dump.json at each "
+            f"flush, so a killed process leaves it cut); re-run the dump for the full step"
+        )
+    else:
+        warnings.append(f"{rel}/dump.json is not valid JSON after its 'data' section; read {len(entries)} entries")
+    return head, entries
+
+
+def read_dump_json(path: Path, rel: str, warnings: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise DumpError(f"cannot read {path}: {exc}") from None
+    try:
+        obj = json.loads(text)  # accepts msprobe's bare NaN/Infinity tokens
+    except json.JSONDecodeError:
+        return _partial_data(text, rel, warnings)
+    if not isinstance(obj, dict):
+        warnings.append(f"{rel}/dump.json does not hold an object; no records from this rank")
+        return {}, {}
+    data = obj.get("data") or {}
+    head = {k: v for k, v in obj.items() if k != "data"}
+    return head, data if isinstance(data, dict) else {}
+
+
+def read_msprobe_header(unit_dir: Path) -> dict[str, Any]:
+    """The top-level fields of dump.json (task, level, framework), cheaply."""
+    try:
+        with open(unit_dir / "dump.json", encoding="utf-8", errors="replace") as f:
+            text = f.read(4096)
+    except OSError:
+        return {}
+    head: dict[str, Any] = {"format": "msprobe"}
+    for key in ("task", "level", "framework"):
+        m = re.search(r'"%s"\s*:\s*"([^"]*)"' % key, text)
+        if m:
+            head[key] = m.group(1)
+    return head
+
+
+def read_msprobe_stacks(unit_dir: Path) -> tuple[dict[int, list[str]], dict[str, int]]:
+    """stack.json -> ({stack id: frames}, {record name: stack id})."""
+    path = unit_dir / "stack.json"
+    if not path.is_file():
+        return {}, {}
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, json.JSONDecodeError):
+        return {}, {}
+    stacks: dict[int, list[str]] = {}
+    by_name: dict[str, int] = {}
+    if not isinstance(obj, dict):
+        return stacks, by_name
+    for k, v in obj.items():
+        try:
+            sid = int(k)
+        except ValueError:
+            continue
+        if isinstance(v, list) and len(v) == 2 and isinstance(v[0], list):
+            names, frames = v
+            stacks[sid] = [str(f) for f in frames] if isinstance(frames, list) else [str(frames)]
+            for nm in names:
+                by_name[str(nm)] = sid
+        elif isinstance(v, list):  # older layout: {name: frames}
+            stacks[sid] = [str(f) for f in v]
+    return stacks, by_name
+
+
+def _read_construct(unit_dir: Path, warnings: list[str], rel: str) -> dict[str, Any]:
+    path = unit_dir / "construct.json"
+    if not path.is_file():
+        return {}
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        return obj if isinstance(obj, dict) else {}
+    except (OSError, json.JSONDecodeError) as exc:
+        warnings.append(f"{rel}/construct.json is unreadable ({exc}); API records get no module path")
+        return {}
+
+
+def _stat(v: Any) -> float:
+    if v is None:
+        return math.nan
+    if isinstance(v, str):
+        return _NONFINITE.get(v, math.nan)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _flatten(item: Any, prefix: str, out: list[tuple[str, Any]]) -> None:
+    """Flatten nested lists/dicts of msprobe tensor descriptions into (arg path, leaf) pairs."""
+    if isinstance(item, dict) and ("type" in item or "dtype" in item or "Max" in item):
+        out.append((prefix, item))
+    elif isinstance(item, (list, tuple)):
+        for i, x in enumerate(item):
+            _flatten(x, f"{prefix}.{i}" if prefix else str(i), out)
+    elif isinstance(item, dict):
+        for k, x in item.items():
+            _flatten(x, f"{prefix}.{k}" if prefix else str(k), out)
+    else:
+        out.append((prefix, None))
+
+
+def read_msprobe_unit(u: DumpUnit, warnings: list[str]) -> Any:
+    """Rows of one msprobe rank/proc directory."""
+    import pandas as pd
+
+    rel = f"step{u.step}/{u.path.name}"
+    _, data = read_dump_json(u.path / "dump.json", rel, warnings)
+    if not data:
+        return empty_frame()
+    construct = _read_construct(u.path, warnings, rel)
+    _, stack_of = read_msprobe_stacks(u.path)
+    tensor_dir = u.path / "dump_tensor_data"
+    names = list(data)
+    rid = {n: i for i, n in enumerate(names)}
+    rows: list[tuple[Any, ...]] = []
+    missing_files = 0
+    for i, name in enumerate(names):
+        entry = data[name]
+        if not isinstance(entry, dict):
+            continue
+        info = parse_name(name)
+        phase = info["phase"]
+        module, module_class = info["module"], info["module_class"]
+        if module is None:
+            parent = construct.get(name)
+            if parent == "optimizer" or (isinstance(parent, str) and parent.startswith("optimizer")):
+                phase = "optimizer" if phase == "forward" else phase
+                module = ""
+            elif isinstance(parent, str):
+                pm = parse_name(parent)
+                module, module_class = pm["module"] or "", pm["module_class"]
+            else:
+                module = ""
+        fwd = rid.get(name[: -len(".backward")] + ".forward") if name.endswith(".backward") else None
+        if info["param_grad"]:
+            groups = [("grad", {k: v for k, v in entry.items()})]
+        elif phase == "backward" and ("input" in entry or "output" in entry) and "input_args" not in entry:
+            groups = [("input", entry.get("input")), ("output", entry.get("output"))]
+        else:
+            groups = [("input", entry.get("input_args")), ("input", entry.get("input_kwargs")),
+                      ("output", entry.get("output")), ("param", entry.get("parameters"))]
+        head = (i, name, info["op"], info["level"], phase, module, module_class, 0, u.step, u.rank, fwd,
+                stack_of.get(name), None)
+        for io, payload in groups:
+            if payload is None:
+                continue
+            leaves: list[tuple[str, Any]] = []
+            _flatten(payload, "", leaves)
+            for arg, t in leaves:
+                if io == "grad" and arg.endswith(".0"):
+                    arg = arg[:-2]
+                if t is None:
+                    rows.append(head + (io, arg or "0", "none") + (None,) * 5 + (math.nan,) * 6
+                                + (None,) * 6 + (None,))
+                    continue
+                typ = str(t.get("type", ""))
+                is_tensor = "Tensor" in typ or ("dtype" in t and "shape" in t)
+                if not is_tensor:
+                    rows.append(head + (io, arg or "0", "scalar", typ or None, None, None, None, None)
+                                + (math.nan,) * 6 + (None, t.get("value"), None, None, None, None))
+                    continue
+                dtype = str(t.get("dtype", "")).replace("torch.", "") or None
+                shape = tuple(t["shape"]) if isinstance(t.get("shape"), list) else None
+                data_name = t.get("data_name")
+                ref = None
+                file = None
+                if data_name:
+                    file = f"dump_tensor_data/{data_name}"
+                    ref = PtRef(tensor_dir / str(data_name), None)
+                    if not ref.exists():
+                        missing_files += 1
+                md5 = t.get("md5")
+                mx, mn = _stat(t.get("Max")), _stat(t.get("Min"))
+                nan = 1.0 if (math.isnan(mx) or math.isnan(mn)) and t.get("Max") is not None else math.nan
+                rows.append(head + (
+                    io, arg or "0", "tensor", dtype, shape, None, None, t.get("requires_grad"),
+                    mx, mn, _stat(t.get("Mean")), _stat(t.get("Norm")), nan, math.nan,
+                    str(md5) if md5 is not None else None, None, file, None, None, ref,
+                ))
+    if missing_files:
+        warnings.append(
+            f"{rel}: {missing_files} tensor file(s) named in dump.json are missing from dump_tensor_data; "
+            f"those rows are compared on statistics only"
+        )
+    if not rows:
+        return empty_frame()
+    df = pd.DataFrame.from_records(rows, columns=COLUMNS)
+    for c in ("max", "min", "mean", "norm", "nan", "inf"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
+    # call_index: per (phase, module, op), in dump order, counted over records (not tensor rows)
+    rec = df.drop_duplicates("record_id")[["record_id", "phase", "module", "op"]]
+    ci = rec.groupby(["phase", "module", "op"], sort=False).cumcount()
+    df["call_index"] = df["record_id"].map(dict(zip(rec["record_id"], ci))).astype("int64")
+    return df
