@@ -177,7 +177,13 @@ def overflow(ctx: click.Context, dump: str, output: str, step: int | None, rank:
             high     = non-finite in and out, or output norm exploding;
             medium   = non-finite inputs, finite output.
     Steps that GradScaler skipped (found_inf) are reported, not blamed.
+    Values written on purpose (masked_fill(mask, -inf), finfo.min masks) are not overflow.
     Exit code 1 when a critical op is found, 0 when clean, 2 on bad input.
+
+    \b
+    Example (a statistics dump is enough; no benchmark needed):
+      torchparity run -o dumps/npu --level aten -- python train.py
+      torchparity overflow dumps/npu -o out      # prints the culprit, writes out/overflow.json
     """
     reg = registry_from(ctx)
     checker = reg.get("checker", "overflow")
