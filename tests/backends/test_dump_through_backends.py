@@ -113,3 +113,42 @@ def test_npu_saturation_mode_in_header_changes_overflow_meaning(fake_npu, fresh_
         h["backend"]["overflow_mode"] = "inf_nan"
         header.write_text(json.dumps(h))
     assert analyse(path, checker=OverflowChecker())["counts"]["critical"] == 0
+
+
+# ------------------------------------------------------------------------------------ dump -> compare
+def _bench(path: Path) -> Path:
+    model = make_model(cfg=CFG)
+    with torchparity.dump(str(path), backend="cpu", level="aten", fsync=False, model=model):
+        train(model, make_batches(1, cfg=CFG))
+    return path
+
+
+@pytest.mark.parametrize("vendor", ["npu", "musa", "cuda", "maca"])
+def test_vendor_dump_compares_with_cpu_bench(vendor, no_vendor, fake_npu, fake_musa, fake_cuda, fresh_registry, tmp_path):
+    {"npu": fake_npu, "musa": fake_musa}.get(vendor, lambda: fake_cuda(metax=vendor == "maca"))()
+    _dump(tmp_path / "dev", vendor)
+    res = torchparity.compare(tmp_path / "dev", _bench(tmp_path / "cpu"))
+    assert res.root_cause is None, res.root_cause  # same computation on the (fake) device: no divergence
+    assert len(res.rows) > 100
+
+
+def test_planted_fault_on_fake_npu_is_the_root_cause_offline(fake_npu, fresh_registry, tmp_path):
+    from torchparity_backend_emulated import Fault, emulate
+
+    fake_npu()
+    model = make_model(cfg=CFG)
+    with emulate(dtype=None, faults=[Fault(op="silu", call=0, kind="scale", factor=3.0)]):
+        with torchparity.dump(str(tmp_path / "dev"), backend="npu", level="aten", fsync=False, model=model):
+            train(model, make_batches(1, cfg=CFG))
+    bench = _bench(tmp_path / "cpu")
+    # offline, with vendor autoload off, through the CLI
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    p = subprocess.run([sys.executable, "-m", "torchparity", "compare", str(tmp_path / "dev"), str(bench), "-o",
+                        str(tmp_path / "out"), "--format", "json"], capture_output=True, text=True, env=env, timeout=180)
+    assert p.returncode == 1, p.stdout + p.stderr
+    report = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert report["root_cause"]["op"] == "aten.silu.default" and report["root_cause"]["module"] == "layers.0.mlp"
