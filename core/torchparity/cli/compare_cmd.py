@@ -30,11 +30,14 @@ from . import EXIT_FINDINGS, EXIT_OK, registry_from
                    "stored as float32). Default: the lower precision dtype of each pair.")
 @click.option("-j", "--workers", type=int, default=None,
               help="Worker processes for multi-step/multi-rank dumps (default: automatic).")
+@click.option("--allow-partial", is_flag=True,
+              help="Compare what can be read of a truncated or corrupt dump (a killed run) instead of "
+                   "stopping with exit code 2.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary and root cause as JSON on stdout.")
 @click.pass_context
 def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: str | None, step: int | None,
             rank: int | None, formats: str | None, layer_mapping: str | None, plugins_file: str | None, threshold: float,
-            tolerance_dtype: str | None, workers: int | None, as_json: bool) -> int:
+            tolerance_dtype: str | None, workers: int | None, allow_partial: bool, as_json: bool) -> int:
     """Compare DEVICE_DUMP with BENCH_DUMP and name the op where they start to diverge.
 
     \b
@@ -74,7 +77,7 @@ def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: s
         reg = registry_from(ctx)
     res = run_compare(device_dump, bench_dump, output_dir=output_dir, step=step, rank=rank, formats=formats,
                       layer_mapping=layer_mapping, plugins=reg, threshold=threshold,
-                      tolerance_dtype=tolerance_dtype, workers=workers)
+                      tolerance_dtype=tolerance_dtype, workers=workers, allow_partial=allow_partial)
     s = res.summary
     if as_json:
         import json
@@ -83,7 +86,7 @@ def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: s
                    "suspects": [x.to_dict() for x in res.suspects[:10]],
                    "reports": {k: [str(p) for p in v] for k, v in res.reports.items()}}
         click.echo(json.dumps(payload, indent=2, default=str))
-    else:
+    elif "log" not in res.reports:  # the log reporter already printed the console summary
         _print_summary(res)
     for w in s.get("warnings", []):
         click.echo(f"torchparity: warning: {w}", err=True)

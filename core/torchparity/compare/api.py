@@ -57,6 +57,7 @@ def compare(
     threshold: float = rootcause.DEFAULT_THRESHOLD,
     tolerance_dtype: str | None = None,
     workers: int | None = None,
+    allow_partial: bool = False,
 ) -> CompareResult:
     """Compare a device dump with a benchmark dump.
 
@@ -71,8 +72,11 @@ def compare(
     :param tolerance_dtype: judge noise as if the device computed in this dtype (e.g.
         ``"bfloat16"`` for an emulated-bf16 run whose tensors are stored as float32).
     :param workers: worker processes for multi-step/rank dumps (default: automatic).
+    :param allow_partial: compare what can be read of a truncated/corrupt dump (default: refuse
+        it with a :class:`DumpError` that says what was read and what was lost).
     :returns: a :class:`~torchparity.results.CompareResult`.
-    :raises DumpError: a dump is missing, empty, or the two share no step/rank.
+    :raises DumpError: a dump is missing, empty, damaged (unless ``allow_partial``), the two share
+        no step/rank, or they do not record the same computation.
     """
     from ..dump.reader import open_dump
 
@@ -114,7 +118,7 @@ def compare(
             warnings.append(f"the bench dump was produced by an emulated device ({emulated_dtype(ben, common)}): "
                             f"is it the benchmark you meant?")
 
-    jobs = [(str(dev.path), str(ben.path), s, r, mapping, threshold, tolerance_dtype) for s, r in common]
+    jobs = [(str(dev.path), str(ben.path), s, r, mapping, threshold, tolerance_dtype, allow_partial) for s, r in common]
     results = _run_jobs(jobs, workers, dev, ben)
 
     import pandas as pd
@@ -247,7 +251,8 @@ def _compare_pair_safe(job: tuple[Any, ...]) -> Any:
 
 
 def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: Mapping[str, str],
-                 threshold: float, tolerance_dtype: str | None) -> tuple[Any, list[Suspect], list[str], dict[str, Any]]:
+                 threshold: float, tolerance_dtype: str | None,
+                 allow_partial: bool = False) -> tuple[Any, list[Suspect], list[str], dict[str, Any]]:
     """Compare one (step, rank). Returns (rows, suspects, warnings, info)."""
     from ..dump.reader import open_dump, read_unit
 
@@ -258,6 +263,13 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     d = read_unit(dr.unit(step, rank), dw)
     b = read_unit(br.unit(step, rank), bw)
     warnings += [f"device dump: {w}" for w in dw] + [f"bench dump: {w}" for w in bw]
+    if not allow_partial:
+        from ..dump.reader import damage
+
+        lost = [f"device dump {w}" for w in damage(dw)] + [f"bench dump {w}" for w in damage(bw)]
+        if lost:
+            raise DumpError(f"{lost[0]}" + (f" (and {len(lost) - 1} more problem(s))" if len(lost) > 1 else "")
+                            + "; pass --allow-partial (allow_partial=True) to compare what was read")
     info: dict[str, Any] = {"step": step, "rank": rank, "device_records": int(d["record_id"].nunique()),
                             "bench_records": int(b["record_id"].nunique())}
     if not len(d) or not len(b):
@@ -269,7 +281,7 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     both = matching.pair_rows(d, b, pairs)
     rows = _build_rows(both, step, rank)
     stacks = dr.stacks(step, rank)
-    _add_tensor_metrics(rows, both, warnings)
+    _add_tensor_metrics(rows, both, warnings, allow_partial)
     rows["judge_dtype"] = rootcause.judge_dtypes(rows, tolerance_dtype)
     rows["floor"] = rootcause.floors(rows)
     arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks)
@@ -403,7 +415,7 @@ def _order(rid: np.ndarray, brid: np.ndarray, both: Any) -> np.ndarray:
     return order
 
 
-def _add_tensor_metrics(rows: Any, both: Any, warnings: list[str]) -> None:
+def _add_tensor_metrics(rows: Any, both: Any, warnings: list[str], allow_partial: bool = False) -> None:
     """Full-tensor metrics for rows whose two tensors were saved (tensor mode)."""
     dt, bt = both["d_tensor"].to_numpy(), both["b_tensor"].to_numpy()
     idx = [i for i in range(len(rows)) if dt[i] is not None and bt[i] is not None
@@ -416,10 +428,16 @@ def _add_tensor_metrics(rows: Any, both: Any, warnings: list[str]) -> None:
     err = rows["error"].to_numpy(dtype="float64").copy()
     nfm = rows["nonfinite_mismatch"].to_numpy(dtype=bool).copy()
     reasons = np.full(len(rows), "", dtype=object)
+    from ..dump.reader import TensorLoader
+
+    loader = TensorLoader()
     for i in idx:
         try:
-            a, b = dt[i].load(), bt[i].load()
+            a, b = loader.load(dt[i]), loader.load(bt[i])
         except DumpError as exc:
+            if not allow_partial:
+                raise DumpError(f"{exc}; pass --allow-partial (allow_partial=True) to compare those rows on "
+                                f"statistics only") from None
             unreadable += 1
             first_msg = first_msg or str(exc)
             reasons[i] = "tensor file unreadable: judged on statistics only"
@@ -433,6 +451,7 @@ def _add_tensor_metrics(rows: Any, both: Any, warnings: list[str]) -> None:
         nfm[i] = nfm[i] or m["nonfinite_mismatch"]
         if rows["match"].iat[i] != "unmatched":
             err[i] = m["rel_l2"]
+    loader.close()
     for c in metrics.TENSOR_METRICS:
         rows[c] = cols[c] if c == "worst_index" else cols[c].astype("float64")
     rows["error"] = err
@@ -457,7 +476,8 @@ def _summary(rows: Any, dev: Any, ben: Any, mode: str, root: Suspect | None, per
     um = rows["match"] == "unmatched"
     first = None
     if root is not None:
-        first = {"step": root.step, "rank": root.rank, "name": root.name, "index": root.index}
+        first = {"step": root.step, "rank": root.rank, "name": root.name, "index": root.index, "op": root.op,
+                 "module": root.module, "phase": root.phase}
     diverged_pairs = [p for p in per_pair if p["root_cause"]]
     return {
         "device_dump": str(dev.path), "bench_dump": str(ben.path),

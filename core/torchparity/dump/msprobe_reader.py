@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DumpError
-from .reader import COLUMNS, DumpUnit, PtRef, empty_frame
+from .reader import COLUMNS, Damage, DumpUnit, PtRef, empty_frame
 
 _MODULE_RE = re.compile(r"^Module\.(?:(.*)\.)?([^.]+)\.(forward|backward|parameters_grad)\.(\d+)$")
 _API_RE = re.compile(r"^([A-Za-z0-9_]+)\.(.+)\.(\d+)\.(forward|backward)$")
@@ -72,7 +72,7 @@ def _partial_data(text: str, rel: str, warnings: list[str]) -> tuple[dict[str, A
             head[key] = m.group(1)
     m = re.search(r'"data"\s*:\s*\{', text)
     if not m:
-        warnings.append(f"{rel}/dump.json is corrupt and has no readable 'data' section; no records from this rank")
+        warnings.append(Damage(f"{rel}/dump.json is corrupt and has no readable 'data' section; no records from this rank"))
         return head, {}
     pos = m.end()
     n = len(text)
@@ -93,13 +93,13 @@ def _partial_data(text: str, rel: str, warnings: list[str]) -> tuple[dict[str, A
         if isinstance(key, str):
             entries[key] = value
     if lost_at is not None:
-        warnings.append(
+        warnings.append(Damage(
             f"{rel}/dump.json is truncated or corrupt at character {lost_at} of {n}: read "
             f"{len(entries)} complete entries, the rest is lost (msprobe rewrites dump.json at each "
             f"flush, so a killed process leaves it cut); re-run the dump for the full step"
-        )
+        ))
     else:
-        warnings.append(f"{rel}/dump.json is not valid JSON after its 'data' section; read {len(entries)} entries")
+        warnings.append(Damage(f"{rel}/dump.json is not valid JSON after its 'data' section; read {len(entries)} entries"))
     return head, entries
 
 
@@ -279,10 +279,10 @@ def read_msprobe_unit(u: DumpUnit, warnings: list[str]) -> Any:
                     str(md5) if md5 is not None else None, None, file, None, None, ref,
                 ))
     if missing_files:
-        warnings.append(
+        warnings.append(Damage(
             f"{rel}: {missing_files} tensor file(s) named in dump.json are missing from dump_tensor_data; "
             f"those rows are compared on statistics only"
-        )
+        ))
     if not rows:
         return empty_frame()
     df = pd.DataFrame.from_records(rows, columns=COLUMNS)

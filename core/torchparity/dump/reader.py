@@ -39,6 +39,19 @@ _RANK_RE = re.compile(r"^rank(\d+)$")
 _PROC_RE = re.compile(r"^proc(\d+)$")
 
 
+class Damage(str):
+    """A reader warning that means data was lost (truncated, corrupt or missing parts).
+
+    It is a plain ``str`` for everyone reading ``df.attrs["warnings"]``; :func:`damage` picks
+    these out so that ``torchparity compare`` can refuse a damaged dump unless told to compare
+    what was read (``--allow-partial``)."""
+
+
+def damage(warnings: Iterable[str]) -> list[str]:
+    """The warnings that report lost data."""
+    return [w for w in warnings if isinstance(w, Damage)]
+
+
 # ----------------------------------------------------------------------------------------------
 # lazy tensor handles
 # ----------------------------------------------------------------------------------------------
@@ -81,6 +94,48 @@ class TensorRef:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r}, {self.key!r})"
+
+
+class TensorLoader:
+    """Loads many :class:`TensorRef` s, opening each safetensors file once (a small LRU of open
+    files). Use as a context manager; ``load(ref)`` raises :class:`DumpError` like ``ref.load()``."""
+
+    def __init__(self, max_open: int = 16) -> None:
+        self.max_open = max_open
+        self._open: dict[Path, Any] = {}
+
+    def load(self, ref: TensorRef) -> Any:
+        if type(ref) is not TensorRef:  # msprobe .pt files and other kinds: one file per tensor
+            return ref.load()
+        f = self._open.get(ref.path)
+        if f is None:
+            if not ref.path.is_file():
+                return ref.load()  # the missing-file message
+            try:
+                from safetensors import safe_open
+
+                f = safe_open(str(ref.path), framework="pt")
+            except Exception:
+                return ref.load()  # the corrupt-file message
+            if len(self._open) >= self.max_open:
+                self._open.pop(next(iter(self._open)))
+            self._open[ref.path] = f
+        try:
+            return f.get_tensor(ref.key)
+        except Exception as exc:
+            raise DumpError(
+                f"tensor '{ref.key}' in {ref.path} cannot be read ({type(exc).__name__}: {exc}); "
+                f"the file is corrupt - re-run the dump, or compare in statistics mode"
+            ) from None
+
+    def close(self) -> None:
+        self._open.clear()
+
+    def __enter__(self) -> "TensorLoader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class PtRef(TensorRef):
@@ -355,7 +410,7 @@ def _read_records(path: Path, rel: str, warnings: list[str]) -> list[dict[str, A
     try:
         data = path.read_bytes()
     except OSError as exc:
-        warnings.append(f"cannot read {rel}/records.jsonl ({exc}); no records from this rank")
+        warnings.append(Damage(f"cannot read {rel}/records.jsonl ({exc}); no records from this rank"))
         return []
     lines = data.split(b"\n")
     ends_with_newline = data.endswith(b"\n")
@@ -378,16 +433,16 @@ def _read_records(path: Path, rel: str, warnings: list[str]) -> list[dict[str, A
             else:
                 bad.append(i + 1)
     if truncated:
-        warnings.append(
+        warnings.append(Damage(
             f"{rel}/records.jsonl: read {len(records)} records, the last line was truncated: the "
             f"process probably died while writing; the records after it are lost"
-        )
+        ))
     if bad:
         shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
-        warnings.append(
+        warnings.append(Damage(
             f"{rel}/records.jsonl: {len(bad)} corrupt line(s) skipped (line {shown}); read "
             f"{len(records)} records - the file was damaged after writing (disk full, copy error?)"
-        )
+        ))
     return records
 
 
@@ -408,19 +463,19 @@ def read_torchparity_unit(u: DumpUnit, warnings: list[str]) -> Any:
     elif _read_json_file(u.path / "header.json", warnings) is None:
         pass  # warning added
     if not rec_path.is_file():
-        warnings.append(f"{rel}: records.jsonl is missing: the rank wrote no records (dump stopped before the first flush?)")
+        warnings.append(Damage(f"{rel}: records.jsonl is missing: the rank wrote no records (dump stopped before the first flush?)"))
         return empty_frame()
     records = _read_records(rec_path, rel, warnings)
     footer = _read_json_file(u.path / "footer.json", warnings)
     if footer is None:
-        warnings.append(
+        warnings.append(Damage(
             f"{rel}: no footer.json, the dump was not closed cleanly (process killed or crashed); "
             f"read {len(records)} records, anything after the last flush is lost"
-        )
+        ))
     elif isinstance(footer, dict):
         expected = footer.get("records")
         if isinstance(expected, int) and expected != len(records):
-            warnings.append(f"{rel}: footer.json says {expected} records but {len(records)} were read; the file was altered or damaged")
+            warnings.append(Damage(f"{rel}: footer.json says {expected} records but {len(records)} were read; the file was altered or damaged"))
         if footer.get("budget_exhausted") or footer.get("dropped_tensors"):
             warnings.append(
                 f"{rel}: the tensor budget was exhausted, {footer.get('dropped_tensors', '?')} tensors were "

@@ -1,0 +1,118 @@
+"""The planted op is the root cause: TinyLlama fp32 vs fp32, one fault, several levels and modes."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+
+import torchparity
+
+# (fault: op, phase, call, factor) -> the module the faulted aten.mm call belongs to
+FWD_UP = ("aten.mm.default", "forward", 5, 1.01)  # layers.0.mlp.up_proj forward, x1.01
+BWD_UP = ("aten.mm.default", "backward", 5, 10.0)  # layers.1.mlp.up_proj backward, x10
+BWD_NAN = ("aten.mm.default", "backward", 2, "nan")  # layers.1.mlp.down_proj backward, NaN
+FWD_SILU_NAN = ("aten.silu.default", "forward", 1, "nan")  # layers.1.mlp, NaN
+FWD_UP_SMALL = ("aten.mm.default", "forward", 5, 1.5)
+
+CASES = [
+    # level, mode, fault, expected name (aten) / (op, module) for api records
+    ("aten", "statistics", FWD_UP, "Aten.mm.5.forward", "layers.0.mlp.up_proj"),
+    ("aten", "tensor", BWD_UP, "Aten.mm.5.backward", "layers.1.mlp.up_proj"),
+    ("aten", "statistics", BWD_NAN, "Aten.mm.2.backward", "layers.1.mlp.down_proj"),
+    ("aten", "tensor", FWD_SILU_NAN, "Aten.silu.1.forward", "layers.1.mlp"),
+    ("mix", "statistics", FWD_UP_SMALL, "torch.nn.functional.linear", "layers.0.mlp.up_proj"),
+    ("mix", "tensor", BWD_UP, "torch.nn.functional.linear", "layers.1.mlp.up_proj"),
+    ("mix", "statistics", FWD_SILU_NAN, "torch.nn.functional.silu", "layers.1.mlp"),
+    ("api", "tensor", FWD_UP, "torch.nn.functional.linear", "layers.0.mlp.up_proj"),
+]
+
+
+@pytest.mark.parametrize("level,mode,fault,expected,module", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2][0].split('.')[1]}-{c[2][1]}-{c[2][3]}" for c in CASES])
+def test_planted_fault_is_root_cause(dumps, level, mode, fault, expected, module):
+    bench = dumps(level, mode)
+    dev = dumps(level, mode, fault)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # metrics must not warn (0-d, empty, all-zero, NaN tensors)
+        res = torchparity.compare(dev, bench)
+    rc = res.root_cause
+    assert rc is not None, res.summary
+    assert rc.module == module
+    assert rc.phase == fault[1]
+    if level == "aten":
+        assert rc.name == expected
+    else:
+        # the API record of the op itself, not the Linear/MLP module record around it
+        assert rc.level == "api" and rc.op == expected, rc
+    assert res.suspects[0] is rc
+    assert rc.score >= 10
+    if fault[3] == "nan":
+        assert math.isinf(rc.output_error)
+    assert res.diverged
+    s = res.summary
+    assert s["first_divergence"]["name"] == rc.name
+    assert s["first_divergence"]["step"] == 0 and s["first_divergence"]["rank"] == 0
+    # the planted row is an error verdict
+    planted = res.rows[(res.rows["device_name"] == rc.name) & (res.rows["io"] == "output")]
+    assert (planted["verdict"] == "error").any()
+
+
+def test_identical_runs_agree(dumps):
+    res = torchparity.compare(dumps("aten", "statistics"), dumps("aten", "statistics"))
+    assert res.root_cause is None and res.suspects == []
+    assert res.summary["n_error"] == 0 and res.summary["n_warning"] == 0
+    assert not res.diverged
+    assert set(res.rows["match"]) == {"exact"}
+
+
+def test_extra_op_on_one_side_does_not_mispair(dumps):
+    """An extra clone() after layers.0.mlp on the device: only the clone is unpaired, every other
+    record pairs with its namesake, and nothing is reported as diverged."""
+    bench = dumps("aten", "statistics")
+    dev = dumps("aten", "statistics", extra_clone_in="layers.0.mlp")
+    res = torchparity.compare(dev, bench)
+    rows = res.rows
+    unmatched = rows[rows["match"] == "unmatched"]
+    assert len(unmatched) and set(unmatched["op"]) == {"aten.clone.default"}
+    assert (unmatched["device_record_id"] >= 0).all()  # device-only
+    paired = rows[rows["match"] != "unmatched"]
+    clones = paired["op"] == "aten.clone.default"
+    # every other record pairs with its namesake; later clones pair by module and call index
+    # (their name counter is shifted by the extra one)
+    assert (paired.loc[~clones, "device_name"] == paired.loc[~clones, "bench_name"]).all()
+    assert clones.sum() and (paired.loc[clones, "match"] == "exact").all()
+    assert res.root_cause is None and res.summary["n_error"] == 0
+
+
+def test_extra_op_and_fault(dumps):
+    bench = dumps("aten", "statistics")
+    dev = dumps("aten", "statistics", FWD_UP, extra_clone_in="layers.0.self_attn")
+    res = torchparity.compare(dev, bench)
+    assert res.root_cause is not None and res.root_cause.name == "Aten.mm.5.forward"
+
+
+def test_md5_mode_names_the_op(dumps):
+    res = torchparity.compare(dumps("aten", "md5", FWD_UP), dumps("aten", "md5"))
+    assert res.root_cause is not None and res.root_cause.name == "Aten.mm.5.forward"
+    assert res.summary["mode"] == "md5"
+    row = res.rows[(res.rows["device_name"] == "Aten.mm.5.forward") & (res.rows["io"] == "output")]
+    assert (row["md5_equal"] == False).all()  # noqa: E712
+
+
+def test_per_op_tolerance_override(dumps, tmp_path):
+    """plugins.yaml can loosen the tolerance of one op and dtype: the x1.01 mm output passes."""
+    from torchparity.plugins import build_registry
+    from torchparity.config import load_config
+
+    cfg = tmp_path / "plugins.yaml"
+    cfg.write_text("version: 1\ncheckers:\n  - allclose:\n      overrides:\n"
+                   "        - {op: 'aten.mm*', dtype: float32, rtol: 0.05}\n")
+    reg = build_registry(load_config(str(cfg)))
+    dev, bench = dumps("aten", "statistics", FWD_UP), dumps("aten", "statistics")
+    strict = torchparity.compare(dev, bench)
+    loose = torchparity.compare(dev, bench, plugins=reg)
+    sel = lambda r: r[(r["device_name"] == "Aten.mm.5.forward") & (r["io"] == "output")]["verdict"].tolist()  # noqa: E731
+    assert sel(strict.rows) == ["error"]
+    assert sel(loose.rows) == ["pass"]
