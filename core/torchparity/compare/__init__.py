@@ -1,13 +1,19 @@
 """Offline comparison of two dumps (see ``docs/compare.md``).
 
-``compare(device_dump, bench_dump, output_dir=None, ...)`` returns a
+``torchparity.compare(device_dump, bench_dump, output_dir=None, ...)`` returns a
 :class:`~torchparity.results.CompareResult`; the submodules each do one job: matching (pair
 records), metrics (per-tensor numbers), rootcause (amplification scoring), judge (checker
 verdicts), api (the pipeline).
+
+``torchparity.compare`` is both this package and the function :func:`torchparity.compare.api.compare`:
+once any submodule is imported, Python binds the package to the ``torchparity.compare``
+attribute, so the package itself is made callable and forwards to the function.
 """
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 
@@ -16,3 +22,11 @@ def compare(*args: Any, **kwargs: Any) -> Any:
     from .api import compare as _compare
 
     return _compare(*args, **kwargs)
+
+
+class _CallablePackage(types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return compare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

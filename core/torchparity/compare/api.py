@@ -279,6 +279,7 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     pairs = matching.match_records(d, b, mapping)
     _check_same_computation(pairs, step, rank)
     both = matching.pair_rows(d, b, pairs)
+    _check_same_shapes(both, step, rank)
     rows = _build_rows(both, step, rank)
     stacks = dr.stacks(step, rank)
     _add_tensor_metrics(rows, both, warnings, allow_partial)
@@ -307,10 +308,30 @@ def _check_same_computation(pairs: Any, step: int, rank: int) -> None:
     n_b = int((pairs["bench_rid"] >= 0).sum())
     paired = int((m != "unmatched").sum())
     smaller = min(n_d, n_b)
-    if smaller >= 8 and paired < MIN_PAIRED_FRACTION * smaller:
+    if smaller >= 4 and paired < MIN_PAIRED_FRACTION * smaller:
         raise DumpError(
             f"step{step}/rank{rank}: only {paired} of {n_d} device and {n_b} bench records pair up; these dumps "
             f"do not record the same computation (different model, dump level or filters?) - dump both runs the same way")
+
+
+def _check_same_shapes(both: Any, step: int, rank: int) -> None:
+    """Refuse pairs of dumps whose paired records mostly disagree on tensor shapes (another model
+    size, another batch): every row would be an error and the root cause meaningless."""
+    ds, bs = both["d_shape"].to_numpy(dtype=object), both["b_shape"].to_numpy(dtype=object)
+    rid = both["d_record_id"].to_numpy()
+    known = np.array([isinstance(a, tuple) and isinstance(b, tuple) for a, b in zip(ds, bs)], dtype=bool)
+    if not known.any():
+        return
+    differs = np.zeros(len(ds), dtype=bool)
+    differs[known] = [a != b for a, b in zip(ds[known], bs[known])]
+    recs = np.unique(rid[known])
+    bad = np.unique(rid[known & differs])
+    if len(recs) >= 4 and len(bad) > 0.5 * len(recs):
+        first = int(np.flatnonzero(known & differs)[0])
+        raise DumpError(
+            f"step{step}/rank{rank}: {len(bad)} of {len(recs)} paired records have different tensor shapes "
+            f"(first: {both['d_name'].iat[first]} {ds[first]} vs {both['b_name'].iat[first]} {bs[first]}); these "
+            f"dumps are not of the same model and input - check the model size, batch and sequence length")
 
 
 def _col(both: Any, name: str) -> Any:
