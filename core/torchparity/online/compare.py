@@ -1,0 +1,490 @@
+"""Online compare: check every op against a reference backend while the model runs.
+
+::
+
+    from torchparity import CompareWithReference          # alias: CompareWithCPU
+    with CompareWithReference(reference="cpu", target_ops=["aten.addmm"], start_step=5, end_step=8,
+                              on_failure="stop", save_failures="failures/", log_file="compare.log") as c:
+        train(model)          # steps advance on optimizer.step(); c.step() by hand
+    print(c.first_failure)
+
+For each op (a TorchDispatchMode, so backward and optimizer kernels are seen too) the inputs are
+copied to the reference backend *before* the device op runs (in-place ops would mutate them), the
+op runs on the device, then on the reference twice — in the device's dtype and in high precision
+(fp64 on the CPU) — and every output is judged fairly (see :mod:`.judge`). Views, random ops (op
+tag ``nondeterministic_seeded``) and collectives are skipped with the reason in the log; for
+tie-sensitive ops (sort, topk, max.dim ...) only values are compared, not indices.
+
+The device is whatever the tensors live on; ``backend="emulated"`` runs the model on the emulated
+device (CPU emulation of a bf16/fp16 device with planted faults), and an :func:`emulate` context
+entered *outside* this one is detected: the device is then judged at the emulated precision.
+
+Log lines carry greppable markers: ``[torchparity:error]`` (a failing op), ``[torchparity:naninf]``
+(NaN/Inf in a device output), ``[torchparity:skip]`` (an op that cannot be compared, once per op
+and reason) and ``[torchparity:summary]``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections import Counter
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..capture import ops as opinfo
+from ..capture.session import current_rank, tool_is_busy, tool_work
+from ..errors import TorchparityError, UsageError
+from ..plugin_types import VERDICT_RANK, CheckResult
+from .case import safe_name, save_case
+from .judge import JudgeOptions, dtype_name, judge_output, worst_elements
+from .locate import OpLocator
+from .reference import collect_outputs, run_reference, snapshot
+
+log = logging.getLogger("torchparity")
+
+MARK_ERROR = "[torchparity:error]"
+MARK_NANINF = "[torchparity:naninf]"
+MARK_SKIP = "[torchparity:skip]"
+MARK_SUMMARY = "[torchparity:summary]"
+_WIDE = (torch.float32, torch.float64)
+
+
+@dataclass
+class OnlineFailure:
+    """One op whose device output failed against the reference."""
+
+    name: str  # dump-style record name, e.g. Aten.mm.3.forward
+    op: str  # aten.mm.default
+    module: str
+    module_class: str | None
+    step: int
+    rank: int
+    phase: str
+    output: int  # index of the worst output
+    checker: str
+    verdict: str
+    reason: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    worst: list[dict[str, Any]] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    case: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CompareFailure(TorchparityError):
+    """Raised by ``on_failure="stop"`` at the first failing op; ``.failure`` says which."""
+
+    exit_code = 1
+
+    def __init__(self, failure: OnlineFailure) -> None:
+        super().__init__(f"online compare failed at {failure.name} (module {failure.module or '<root>'}, "
+                         f"step {failure.step}): {failure.reason}" + (f"; case saved in {failure.case}" if failure.case else ""))
+        self.failure = failure
+
+
+def describe(t: Any) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"{dtype_name(t.dtype)}{list(t.shape)} {t.device}"
+    return repr(t)[:60]
+
+
+def format_failure(f: OnlineFailure, emulated: str | None = None) -> str:
+    """The multi-line log block of one failure (also printed by ``torchparity replay``)."""
+    where = f"step {f.step} rank {f.rank} {f.phase}"
+    lines = [f"{MARK_ERROR} {f.name} ({f.op}) module={f.module or '<root>'} {where}: {f.reason} [{f.checker}]"]
+    lines.append("    inputs:  " + "; ".join(f.inputs))
+    lines.append("    outputs: " + "; ".join(f.outputs) + (f"  (emulated {emulated} device)" if emulated else ""))
+    shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in f.metrics.items()}
+    lines.append("    metrics: " + " ".join(f"{k}={v}" for k, v in shown.items()))
+    if f.worst:
+        lines.append("    worst:   " + " | ".join(
+            f"{w['index']} device={w['device']:.6g} reference={w['reference']:.6g}" if isinstance(w["device"], float)
+            and isinstance(w["reference"], float) else f"{w['index']} device={w['device']} reference={w['reference']}"
+            for w in f.worst))
+    for n in f.notes:
+        lines.append(f"    note:    {n}")
+    if f.case:
+        lines.append(f"    case:    {f.case}  (re-run: torchparity replay {f.case})")
+    return "\n".join(lines)
+
+
+def _patterns(p: Iterable[str] | str | None) -> list[str] | None:
+    if p is None:
+        return None
+    if isinstance(p, str):
+        p = [p]
+    return [str(x) for x in p]
+
+
+def _op_matches(patterns: list[str], func: Any) -> bool:
+    base = opinfo.base_name(func)
+    names = (base, f"{opinfo.namespace(func)}.{base}", str(func))
+    return any(fnmatch.fnmatchcase(n, p) for p in patterns for n in names)
+
+
+def skip_reason(func: Any) -> str | None:
+    """Why an op cannot be compared (None: it can)."""
+    if opinfo.is_collective(func):
+        return "collective (recorded by the dump, never re-executed)"
+    if opinfo.is_random(func):
+        return "random op (tag nondeterministic_seeded): a re-run would draw other numbers"
+    if opinfo.is_view(func):
+        return "view (aliases its input; nothing is computed)"
+    if opinfo.is_uninitialised(func):
+        return "result is uninitialised memory or metadata"
+    return None
+
+
+@dataclass
+class OpVerdict:
+    """The worst output of one op: its index, the verdict and its worst elements."""
+
+    output: int
+    result: CheckResult
+    worst: list[dict[str, Any]] = field(default_factory=list)
+
+
+def judge_outputs(func: Any, name: str, device_outs: Sequence[torch.Tensor | None],
+                  same_outs: Sequence[torch.Tensor | None], high_outs: Sequence[torch.Tensor | None], *,
+                  same_dtype: Any, checkers: Sequence[Any], options: JudgeOptions, n_worst: int = 5) -> OpVerdict | None:
+    """Judge every output of one op; the worst verdict wins (``None``: nothing was judged).
+
+    Floating device outputs are judged in the device's compute dtype ``same_dtype(dtype)`` (for an
+    emulated bf16 device: bf16, exactly representing its values)."""
+    tie = opinfo.is_tie_sensitive(func)
+    op = str(func)
+    worst: tuple[int, CheckResult, torch.Tensor, Any, Any] | None = None
+    for i, d in enumerate(device_outs):
+        if d is None or i >= len(same_outs) or same_outs[i] is None:
+            continue
+        dcpu = d.detach().to("cpu")
+        same, high = same_outs[i], high_outs[i]
+        jdtype = dcpu.dtype
+        if dcpu.dtype.is_floating_point:
+            jdtype = same_dtype(dcpu.dtype)
+            dcpu = dcpu.to(jdtype)
+            same = same.to(jdtype) if same.dtype.is_floating_point else same
+        r = judge_output(dcpu, same, high, dtype=dtype_name(jdtype), op=op, name=name,
+                         checkers=checkers, options=options, tie_sensitive=tie)
+        if r.verdict == "skip":
+            continue
+        if worst is None or VERDICT_RANK[r.verdict] > VERDICT_RANK[worst[1].verdict]:
+            worst = (i, r, dcpu, same, high)
+    if worst is None:
+        return None
+    i, r, dcpu, same, high = worst
+    elems: list[dict[str, Any]] = []
+    if r.verdict != "pass" and dcpu.dtype.is_floating_point and high is not None and tuple(high.shape) == tuple(dcpu.shape):
+        elems = worst_elements(dcpu, same, high, n_worst)
+    return OpVerdict(i, r, elems)
+
+
+class _CompareMode(TorchDispatchMode):
+    def __init__(self, owner: "CompareWithReference") -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if tool_is_busy():
+            return func(*args, **kwargs)
+        return self.owner._on_op(func, args, kwargs)
+
+
+class CompareWithReference:
+    """Check every op of the wrapped code against a reference backend (see module doc).
+
+    Args:
+        reference: reference backend name (default: ``backends.reference`` of plugins.yaml, "cpu").
+        backend: device backend to run the model on, entered outermost (e.g. ``"emulated"``);
+            default: the tensors' own device.
+        target_ops: only these ops (fnmatch on ``mm``, ``aten.mm``, ``aten.mm.default``).
+        ignore_ops: never these ops.
+        modules: only ops inside these module paths (fnmatch, ``layers.1.*``).
+        start_step, end_step: the steps to check (inclusive; ``end_step=None``: to the end).
+        ranks: the ranks to check (default: all).
+        on_failure: ``"log"`` (go on) or ``"stop"`` (raise :class:`CompareFailure` at the first).
+        save_failures: directory for failure cases (``torchparity replay CASE``); ``None``: none.
+        max_saved: at most this many cases are saved.
+        log_file: also append the log lines to this file.
+        model: root module, to name modules by their path in it from the start.
+        checkers: names of the online checkers to use (default: every enabled one).
+        judge: options of the built-in judge (used when no online checker is installed).
+        worst: how many worst elements to show per failure.
+    """
+
+    def __init__(self, reference: str | None = None, *, backend: str | None = None,
+                 target_ops: Sequence[str] | str | None = None, ignore_ops: Sequence[str] | str | None = None,
+                 modules: Sequence[str] | str | None = None, start_step: int = 0, end_step: int | None = None,
+                 ranks: Sequence[int] | None = None, on_failure: str = "log", save_failures: str | Path | None = None,
+                 max_saved: int = 20, log_file: str | Path | None = None, model: torch.nn.Module | None = None,
+                 checkers: Sequence[str] | None = None, judge: JudgeOptions | None = None, worst: int = 5) -> None:
+        if on_failure not in ("log", "stop"):
+            raise UsageError(f"on_failure must be 'log' or 'stop', got {on_failure!r}")
+        if start_step < 0 or (end_step is not None and end_step < start_step):
+            raise UsageError(f"bad step range start_step={start_step} end_step={end_step}")
+        self.reference_name = reference
+        self.backend_name = backend
+        self.target_ops = _patterns(target_ops)
+        self.ignore_ops = _patterns(ignore_ops) or []
+        self.modules = _patterns(modules)
+        self.start_step, self.end_step = start_step, end_step
+        self.ranks = None if ranks is None else {int(r) for r in ranks}
+        self.on_failure = on_failure
+        self.save_dir = Path(save_failures) if save_failures is not None else None
+        self.max_saved = max_saved
+        self.log_file = Path(log_file) if log_file is not None else None
+        self.model = model
+        self.checker_names = list(checkers) if checkers is not None else None
+        self.judge_options = judge or JudgeOptions()
+        self.n_worst = worst
+        # results
+        self.failures: list[OnlineFailure] = []
+        self.naninf: list[str] = []
+        self.skipped: Counter[str] = Counter()
+        self.checked = 0
+        self.saved = 0
+        self.log_lines: list[str] = []
+        self.emulated_dtype: torch.dtype | None = None
+        # state
+        self._stack: ExitStack | None = None
+        self._locator: OpLocator | None = None
+        self._skip_logged: set[tuple[str, str]] = set()
+        self._checkers: list[Any] = []
+        self._ref_backend: Any = None
+        self._ref_device: torch.device = torch.device("cpu")
+        self._high: Any = None
+        self._rank = 0
+        self._fh: Any = None
+
+    # ---- results ----------------------------------------------------------------------------
+    @property
+    def first_failure(self) -> OnlineFailure | None:
+        return self.failures[0] if self.failures else None
+
+    @property
+    def current_step(self) -> int:
+        return self._locator.step if self._locator is not None else 0
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def _setup_backends(self, stack: ExitStack) -> None:
+        from ..plugins import get_registry
+
+        reg = get_registry()
+        ref = self.reference_name or getattr(reg.config, "reference_backend", None) or "cpu"
+        if ref not in reg.backends:
+            raise UsageError(f"unknown reference backend {ref!r}; installed: {', '.join(sorted(reg.backends))}")
+        self._ref_backend = reg.backends[ref]
+        avail = self._ref_backend.is_available()
+        if not avail:
+            raise UsageError(f"reference backend {ref!r} is not available here: {avail.reason}")
+        self._ref_device = self._ref_backend.device()
+        self._high = self._ref_backend.reference_dtype
+        checkers = [c for c in reg.checkers.values() if "online" in getattr(c, "scopes", ())]
+        if self.checker_names is not None:
+            known = {c.name for c in checkers}
+            missing = [n for n in self.checker_names if n not in known]
+            if missing:
+                raise UsageError(f"unknown online checker(s) {', '.join(missing)}; enabled: {', '.join(sorted(known)) or 'none'}")
+            checkers = [c for c in checkers if c.name in self.checker_names]
+        self._checkers = checkers
+        if self.backend_name is not None:
+            if self.backend_name not in reg.backends:
+                raise UsageError(f"unknown backend {self.backend_name!r}; installed: {', '.join(sorted(reg.backends))}")
+            b = reg.backends[self.backend_name]
+            avail = b.is_available()
+            if not avail:
+                raise UsageError(f"backend {self.backend_name!r} is not available here: {avail.reason}")
+            stack.enter_context(b.activate())
+
+    def _detect_emulation(self) -> None:
+        try:
+            from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+            modes = _get_current_dispatch_mode_stack()
+        except Exception:  # pragma: no cover
+            modes = []
+        for m in reversed(modes):
+            if getattr(m, "torchparity_emulated", False):
+                self.emulated_dtype = getattr(m, "emulated_dtype", None)
+                return
+
+    def start(self) -> "CompareWithReference":
+        if self._stack is not None:
+            raise UsageError("this online compare is already running")
+        stack = ExitStack()
+        try:
+            self._setup_backends(stack)
+            self._detect_emulation()
+            if self.log_file is not None:
+                self.log_file.parent.mkdir(parents=True, exist_ok=True)
+                self._fh = open(self.log_file, "a", encoding="utf-8")
+                stack.callback(self._fh.close)
+            self._locator = OpLocator(self.model)
+            stack.enter_context(self._locator)
+            self._rank = current_rank()
+            stack.enter_context(_CompareMode(self))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        emu = f", device emulated at {dtype_name(self.emulated_dtype)}" if self.emulated_dtype else ""
+        self._log(logging.INFO, f"[torchparity:start] online compare against {self._ref_backend.name} "
+                                f"(checkers: {', '.join(c.name for c in self._checkers) or 'built-in'}{emu})")
+        return self
+
+    def stop(self) -> None:
+        if self._stack is None:
+            return
+        stack, self._stack = self._stack, None
+        try:
+            first = self.first_failure
+            skipped = ", ".join(f"{r.split(' (')[0]}: {n}" for r, n in self.skipped.most_common())
+            self._log(logging.WARNING if first else logging.INFO,
+                      f"{MARK_SUMMARY} checked {self.checked} ops, {len(self.failures)} failed"
+                      + (f" (first: {first.name} in {first.module or '<root>'} at step {first.step})" if first else "")
+                      + f", {len(self.naninf)} with NaN/Inf, skipped {sum(self.skipped.values())}"
+                      + (f" ({skipped})" if skipped else ""))
+        finally:
+            stack.close()
+
+    def step(self) -> None:
+        """End the current step by hand (steps also end on ``optimizer.step()``)."""
+        if self._locator is None:
+            raise UsageError("the online compare is not running")
+        self._locator.next_step()
+
+    def __enter__(self) -> "CompareWithReference":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- logging ----------------------------------------------------------------------------
+    def _log(self, level: int, text: str) -> None:
+        self.log_lines.append(text)
+        if self._fh is not None:
+            self._fh.write(text + "\n")
+            self._fh.flush()
+        log.log(level, text)
+
+    # ---- per op -----------------------------------------------------------------------------
+    def _active(self) -> bool:
+        s = self._locator.step
+        if s < self.start_step or (self.end_step is not None and s > self.end_step):
+            return False
+        return self.ranks is None or self._rank in self.ranks
+
+    def _selected(self, func: Any, module: str) -> bool:
+        if self.target_ops is not None and not _op_matches(self.target_ops, func):
+            return False
+        if self.ignore_ops and _op_matches(self.ignore_ops, func):
+            return False
+        if self.modules is not None and not any(fnmatch.fnmatchcase(module, p) or module.startswith(p + ".")
+                                                or module == p for p in self.modules):
+            return False
+        return True
+
+    def _skip(self, name: str, func: Any, reason: str) -> None:
+        self.skipped[reason] += 1
+        key = (opinfo.base_name(func), reason)
+        if key not in self._skip_logged:
+            self._skip_logged.add(key)
+            self._log(logging.INFO, f"{MARK_SKIP} {name} ({func}): {reason}")
+
+    def _same_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        if self.emulated_dtype is not None and dtype in _WIDE:
+            return self.emulated_dtype
+        return dtype
+
+    def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        loc = self._locator
+        phase, module, module_class = loc.where()
+        name = loc.name(func, phase)
+        if name is None or not self._active() or not self._selected(func, module):
+            return func(*args, **kwargs)
+        reason = skip_reason(func)
+        flat_in = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if reason is None and any(t.layout != torch.strided or t.device.type == "meta" for t in flat_in):
+            reason = "non-strided or meta tensor: not supported by the reference"
+        if reason is not None:
+            self._skip(name, func, reason)
+            return func(*args, **kwargs)
+        with tool_work():
+            ref_args, ref_kwargs = snapshot((args, kwargs), "cpu")
+            in_desc = [f"{i}: {describe(t)}" for i, t in enumerate(flat_in)]
+        out = func(*args, **kwargs)
+        with tool_work():
+            failure = self._check(func, name, module, module_class, phase, args, kwargs, out, ref_args, ref_kwargs, in_desc)
+        if failure is not None and self.on_failure == "stop":
+            raise CompareFailure(failure)
+        return out
+
+    def _check(self, func: Any, name: str, module: str, module_class: str | None, phase: str, args: tuple,
+               kwargs: dict, out: Any, ref_args: tuple, ref_kwargs: dict, in_desc: list[str]) -> OnlineFailure | None:
+        dev_outs = collect_outputs(func, args, kwargs, out)
+        ref = run_reference(func, ref_args, ref_kwargs, same_dtype=self._same_dtype, high_dtype=self._high,
+                            device=self._ref_device)
+        if ref.error is not None:
+            self._skip(name, func, ref.error)
+            return None
+        if ref.same is None or ref.high is None or len(ref.same) != len(dev_outs):
+            self._skip(name, func, "the reference returned a different number of outputs")
+            return None
+        self.checked += 1
+        tie = opinfo.is_tie_sensitive(func)
+        op = str(func)
+        verdict = judge_outputs(func, name, dev_outs, ref.same, ref.high, same_dtype=self._same_dtype,
+                                checkers=self._checkers, options=self.judge_options, n_worst=self.n_worst)
+        if verdict is None and tie:
+            self._skip(name, func, "tie-sensitive op with index outputs only")
+            return None
+        if verdict is None or verdict.result.verdict == "pass":
+            return None
+        i, r = verdict.output, verdict.result
+        out_desc = [f"{j}: {describe(t)}" for j, t in enumerate(dev_outs) if t is not None]
+        f = OnlineFailure(name=name, op=op, module=module, module_class=module_class, step=self._locator.step,
+                          rank=self._rank, phase=phase, output=i, checker=r.checker, verdict=r.verdict,
+                          reason=r.reason, metrics=dict(r.metrics), inputs=in_desc, outputs=out_desc,
+                          notes=list(ref.notes), worst=verdict.worst)
+        if r.verdict == "warning":
+            if "NaN/Inf" in r.reason:
+                self.naninf.append(name)
+                self._log(logging.WARNING, f"{MARK_NANINF} {name} ({op}) module={module or '<root>'} "
+                                           f"step {f.step} {phase}: {r.reason}")
+            return None
+        emu = dtype_name(self.emulated_dtype) if self.emulated_dtype is not None else None
+        if self.save_dir is not None and self.saved < self.max_saved:
+            f.case = str(self._save(f, func, ref_args, ref_kwargs, dev_outs, emu))
+        self.failures.append(f)
+        if "NaN/Inf" in r.reason:
+            self.naninf.append(name)
+        self._log(logging.WARNING, format_failure(f, emu))
+        return f
+
+    def _save(self, f: OnlineFailure, func: Any, args: tuple, kwargs: dict, outs: list[Any], emu: str | None) -> Path | None:
+        d = self.save_dir / safe_name(f"step{f.step}_rank{f.rank}_{f.name}")
+        meta = {"name": f.name, "op": f.op, "module": f.module, "module_class": f.module_class, "step": f.step,
+                "rank": f.rank, "phase": f.phase, "verdict": f.verdict, "reason": f.reason, "checker": f.checker,
+                "metrics": f.metrics, "worst": f.worst, "notes": f.notes,
+                "device": {"type": outs[f.output].device.type if outs[f.output] is not None else "cpu",
+                           "backend": self.backend_name, "emulated_dtype": emu},
+                "reference": self._ref_backend.name, "torch_version": torch.__version__}
+        try:
+            save_case(d, meta, args, kwargs, [None if t is None else t.detach().to("cpu") for t in outs])
+        except (TypeError, OSError, RuntimeError) as exc:
+            self._log(logging.WARNING, f"{MARK_ERROR} could not save the case of {f.name}: {exc}")
+            return None
+        self.saved += 1
+        return d

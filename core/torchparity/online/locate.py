@@ -1,0 +1,130 @@
+"""Where an op runs: step, phase, module path and its dump-style record name.
+
+Online tools (compare, trackers) run without a dump, yet must name ops exactly like the dump's aten
+records (``Aten.mm.3.forward``) so that their findings line up with dumps and with the emulated
+device's fault indices. :class:`OpLocator` keeps the same counters (per ``Aten.<op>.<phase>`` in a
+step, the dump's bookkeeping ops excluded), follows modules with the dump's
+:class:`~torchparity.capture.module_tracker.ModuleTracker`, attributes backward ops to the module
+whose forward created their autograd node (its own ``grad_fn.metadata`` key, so a dump running at
+the same time keeps its tags), and advances the step on ``optimizer.step()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ..capture import ops as opinfo
+from ..capture.aten_mode import _SKIP as UNCOUNTED_OPS
+from ..capture.module_tracker import Frame, ModuleTracker, in_backward
+
+_META_KEY = "torchparity.online"
+
+
+class OpLocator:
+    """Step/phase/module tracking and dump-compatible op naming. Use as a context manager."""
+
+    def __init__(self, model: torch.nn.Module | None = None) -> None:
+        self.step = 0
+        self.tracker = ModuleTracker()
+        if model is not None:
+            self.tracker.add_root(model)
+        self.tracker.on_exit.append(self._tag_backward)
+        self.in_optimizer = False
+        self._first_optimizer: int | None = None
+        self._hooks: list[Any] = []
+        self._counters: dict[tuple[str, str, str], int] = {}
+        self._step_listeners: list[Any] = []
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> "OpLocator":
+        import torch.optim.optimizer as optim_mod
+
+        self.tracker.start()
+        self._hooks = [
+            optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre),
+            optim_mod.register_optimizer_step_post_hook(self._on_opt_post),
+        ]
+        return self
+
+    def stop(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self.tracker.stop()
+
+    def __enter__(self) -> "OpLocator":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def on_step_end(self, fn: Any) -> None:
+        """Call ``fn(step)`` when a step ends (before the counter advances)."""
+        self._step_listeners.append(fn)
+
+    def next_step(self) -> None:
+        for fn in self._step_listeners:
+            fn(self.step)
+        self.step += 1
+        self._counters.clear()
+        self.tracker.new_step()
+
+    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.in_optimizer = True
+
+    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.in_optimizer = False
+        if self._first_optimizer is None:
+            self._first_optimizer = id(optimizer)
+        if id(optimizer) == self._first_optimizer:  # several optimizers: one step per iteration
+            self.next_step()
+
+    # ---- where ----------------------------------------------------------------------------
+    def _tag_backward(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
+        leaves, _ = tree_flatten(output)
+        todo = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        seen: set[int] = set()
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            try:
+                meta = node.metadata
+            except (AttributeError, RuntimeError):
+                continue
+            if _META_KEY in meta:
+                continue
+            meta[_META_KEY] = (frame.path, frame.cls)
+            todo.extend(fn for fn, _ in node.next_functions if fn is not None)
+
+    def where(self) -> tuple[str, str, str | None]:
+        """(phase, module path, module class) of the op running now."""
+        frame = self.tracker.current()
+        if self.in_optimizer:
+            return "optimizer", frame.path if frame else "", frame.cls if frame else None
+        if in_backward():
+            if frame is not None and frame.recompute:
+                return "recompute", frame.path, frame.cls
+            try:
+                node = torch._C._current_autograd_node()
+                tag = node.metadata.get(_META_KEY) if node is not None else None
+            except (AttributeError, RuntimeError):
+                tag = None
+            return ("backward", tag[0], tag[1]) if tag else ("backward", "", None)
+        return "forward", frame.path if frame else "", frame.cls if frame else None
+
+    def name(self, func: Any, phase: str) -> str | None:
+        """The dump's record name for this call (advances the counter), or ``None`` for the ops
+        the dump does not record."""
+        base = opinfo.base_name(func)
+        if base in UNCOUNTED_OPS or opinfo.namespace(func) == "profiler":
+            return None
+        prefix = "Distributed" if opinfo.is_collective(func) else "Aten"
+        key = (prefix, base, phase)
+        n = self._counters.get(key, 0)
+        self._counters[key] = n + 1
+        return f"{prefix}.{base}.{n}.{phase}"
