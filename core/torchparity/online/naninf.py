@@ -228,7 +228,7 @@ class NanInfTracker:
             if self._tracker is not None:
                 self._tracker.stop()
                 self._tracker = None
-        self._end_step(raise_now=_raise)
+        self._end_step(raise_now=_raise, advance=False)
 
     def step(self) -> None:
         """End the current step by hand: check it (one host read), report, maybe raise."""
@@ -257,7 +257,7 @@ class NanInfTracker:
         if self._tracker is not None:
             self._tracker.new_step()
 
-    def _end_step(self, raise_now: bool) -> None:
+    def _end_step(self, raise_now: bool, advance: bool = True) -> None:
         with self._lock:
             finding = self._read() if self._active else None
             if finding is not None and finding.kind == "entered" and (
@@ -266,7 +266,8 @@ class NanInfTracker:
             if finding is not None:
                 self.findings.append(finding)
                 log.warning("%s %s", MARKER, finding)
-            self.current_step += 1
+            if advance:
+                self.current_step += 1
             self._reset_step()
         if finding is not None and raise_now and self.on_failure == "raise" and finding.kind == "created":
             raise NonFiniteError(finding)
