@@ -84,3 +84,9 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def small_config() -> TinyConfig:
+    """The TinyLlama configuration every compare test dumps."""
+    return SMALL

@@ -199,8 +199,10 @@ def _header_warnings(dev: Any, ben: Any, common: list[tuple[int, int]]) -> list[
     for k in BACKEND_CHECKS:
         if k in bd and k in bb and bd[k] != bb[k]:
             if isinstance(bd[k], dict) and isinstance(bb[k], dict):
-                diff = sorted(x for x in set(bd[k]) | set(bb[k]) if bd[k].get(x) != bb[k].get(x))
-                out.append(f"numerics switches differ: {', '.join(f'{x}={bd[k].get(x)!r}/{bb[k].get(x)!r}' for x in diff)} (device/bench)")
+                diff = sorted(x for x in set(bd[k]) & set(bb[k]) if bd[k].get(x) != bb[k].get(x))
+                if diff:
+                    out.append(f"numerics switches differ: {', '.join(f'{x}={bd[k].get(x)!r}/{bb[k].get(x)!r}' for x in diff)} "
+                               f"(device/bench); the runs are not set up alike")
             else:
                 out.append(f"{k} differs: device {bd[k]!r}, bench {bb[k]!r}")
     if hd and hb and hd.get("format") != hb.get("format"):
