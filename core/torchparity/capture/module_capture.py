@@ -12,7 +12,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten
 
 from ..records import module_record_name
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
@@ -52,7 +52,7 @@ class ModuleCapture:
         """Describe the inputs now (the module may modify them in place); the record itself is
         created at exit, so its id comes after the ops inside the module."""
         s = self.session
-        stop = {id(t.grad_fn) for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+        stop = {id(t.grad_fn) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None}
         pending = None
         if self.record and s.enabled_step and not s.busy:
             if s.options.params and frame.module not in self._param_hooks:

@@ -175,10 +175,10 @@ def tag_graph(outputs: Any, info: dict[str, Any], stop_at: set[int] | None = Non
     each node is tagged once, by the innermost module/op that created it. ``info`` is stored under
     ``node.metadata["torchparity"]``.
     """
-    from torch.utils._pytree import tree_leaves
+    from torch.utils._pytree import tree_flatten
 
     todo = []
-    for leaf in tree_leaves(outputs):
+    for leaf in tree_flatten(outputs)[0]:
         if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None:
             todo.append(leaf.grad_fn)
     seen: set[int] = set()
