@@ -36,17 +36,17 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..capture import ops as opinfo
 from ..capture.aten_mode import _SKIP as _UNCOUNTED
 from ..capture.module_tracker import Frame, ModuleTracker, in_backward
-from ..capture.session import tool_is_busy, tool_work
+from ..capture.session import _tool_state, tool_is_busy, tool_work
 from ..errors import TorchparityError, UsageError
 
 log = logging.getLogger("torchparity")
@@ -66,6 +66,7 @@ _OVERWRITING = frozenset({"normal_", "uniform_", "fill_", "zero_", "random_", "b
 #: ops that copy their first argument's values unchanged (or widened)
 _COPIES = frozenset({"clone", "_unsafe_view", "_to_copy", "contiguous", "lift_fresh_copy", "alias_copy",
                      "detach_copy", "view_copy", "_reshape_alias_copy"})
+_ref = weakref.ref
 _FLOAT = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 #: screens kept on the device before an intermediate fold (bounds memory on very long steps)
 _CHUNK = 32768
@@ -99,13 +100,13 @@ class NanInfFinding:
     value: str  # "NaN" or "Inf" (what the first bad screen held)
 
     def __str__(self) -> str:
-        where = f"module {self.module!r}" + (f" ({self.module_class})" if self.module_class else "") \
+        where = f"in module {self.module!r}" + (f" ({self.module_class})" if self.module_class else "") \
             if self.module else "outside any module"
         if self.kind == "created":
             what = f"produced {self.value} from finite inputs"
         else:
             what = f"read a tensor that already held {self.value} (no tracked op created it in this step)"
-        return f"step {self.step}: {self.name} ({self.op}) in {where}, {self.phase}: {what}"
+        return f"step {self.step}: {self.name} ({self.op}) {where}, {self.phase}: {what}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -246,9 +247,12 @@ class NanInfTracker:
 
     # ---- steps -------------------------------------------------------------------------------
     def _reset_step(self) -> None:
-        self._table: list[tuple[str, str, str, str | None, str]] = []  # per op: name, op, module, class, phase
-        self._counters: dict[str, int] = {}
-        self._screens: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> (screen index, version)
+        # per checked op: (prefix, base, call, op, module, module class, phase); name = prefix.base.call.phase
+        self._table: list[tuple[str, str, int, str, str, str | None, str]] = []
+        self._counters: dict[tuple[str, str, str], int] = {}
+        # id(tensor) -> (weakref, screen index, tensor version, external?); the weakref tells a
+        # live tensor from a new one that reuses a freed id
+        self._screens: dict[int, tuple[Any, int, int, bool]] = {}
         self._pending = _Pending()
         self._state: torch.Tensor | None = None  # device int64 [first culprit key, first external seq]
         self._state_device: torch.device | None = None
@@ -343,129 +347,130 @@ class NanInfTracker:
         return info
 
     def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if tool_is_busy() or not self._active:
+        if not self._active or tool_is_busy():
             return func(*args, **kwargs)
         base, op, prefix, uncounted, unchecked, overwriting, alias = self._op_info(func)
         if uncounted:
             return func(*args, **kwargs)
         phase, module, module_class = self._where()
-        key = f"{prefix}.{base}.{phase}"
+        key = (prefix, base, phase)
         n = self._counters.get(key, 0)
         self._counters[key] = n + 1
         if unchecked:
             return func(*args, **kwargs)
-        screens = self._screens
         p = self._pending
         if alias >= 0 and len(args) > alias:
             src = args[alias]
-            if isinstance(src, torch.Tensor) and src.dtype in _FLOAT and src.layout == torch.strided:
-                return self._aliasing(func, args, kwargs, src, screens, p)
+            if type(src) is torch.Tensor or isinstance(src, torch.Tensor):
+                if src.dtype in _FLOAT and src.layout == torch.strided:
+                    return self._aliasing(func, args, kwargs, src, p)
         seq = len(self._table)
-        self._table.append((f"{prefix}.{base}.{n}.{phase}", op, module, module_class, phase))
-        with tool_work():
+        self._table.append((prefix, base, n, op, module, module_class, phase))
+        state = _tool_state
+        state.busy = getattr(state, "busy", 0) + 1  # tool_work(), inlined: this is the hot path
+        try:
             first = 1 if overwriting else 0  # the overwritten destination is not an input
             for i, a in enumerate(args):
                 if i < first:
                     continue
                 if isinstance(a, torch.Tensor):
-                    self._input(a, seq, screens, p)
+                    self._input(a, seq, p)
                 elif isinstance(a, (list, tuple)):
                     for x in a:
                         if isinstance(x, torch.Tensor):
-                            self._input(x, seq, screens, p)
+                            self._input(x, seq, p)
                 elif isinstance(a, float) and not math.isfinite(a):
                     p.bad_scalar_ops.append(seq)
-            for k, a in kwargs.items():
-                if isinstance(a, torch.Tensor):
-                    if k != "out":
-                        self._input(a, seq, screens, p)
-                elif isinstance(a, float) and not math.isfinite(a):
-                    p.bad_scalar_ops.append(seq)
+            if kwargs:
+                for k, a in kwargs.items():
+                    if isinstance(a, torch.Tensor):
+                        if k != "out":
+                            self._input(a, seq, p)
+                    elif isinstance(a, float) and not math.isfinite(a):
+                        p.bad_scalar_ops.append(seq)
+        finally:
+            state.busy -= 1
         out = func(*args, **kwargs)
-        with tool_work():
-            for t in _tensors(out):
+        state.busy += 1
+        try:
+            screens = self._screens
+            values = p.values
+            for t in (out,) if isinstance(out, torch.Tensor) else _tensors(out):
                 if t.dtype in _FLOAT and t.layout == torch.strided and t.numel():
-                    idx = len(p.values)
-                    p.values.append(_screen(t))
+                    idx = len(values)
+                    values.append(_screen(t))
                     p.out_op.append(seq)
                     p.out_val.append(idx)
-                    try:
-                        screens[t] = (idx, t._version, False)
-                    except TypeError:  # pragma: no cover - tensors that cannot be weakly referenced
-                        pass
-            if len(p.values) >= _CHUNK:
+                    screens[id(t)] = (_ref(t), idx, t._version, False)
+            if len(values) >= _CHUNK:
                 self._fold()
+        finally:
+            state.busy -= 1
         return out
 
-    def _aliasing(self, func: Any, args: tuple, kwargs: dict, src: torch.Tensor,
-                  screens: WeakIdKeyDictionary, p: _Pending) -> Any:
+    def _lookup(self, t: torch.Tensor) -> tuple[Any, int, int, bool] | None:
+        """The screen entry of ``t`` if it is current (same tensor object, same version)."""
+        e = self._screens.get(id(t))
+        if e is not None and e[0]() is t and e[2] == t._version:
+            return e
+        return None
+
+    def _aliasing(self, func: Any, args: tuple, kwargs: dict, src: torch.Tensor, p: _Pending) -> Any:
         """A view or copy: its outputs share the screen of ``src`` (no op-table entry; it cannot
         be a culprit). Narrowing casts (float32 -> float16 can overflow) are checked normally."""
-        with tool_work():
-            hit = screens.get(src)
-            if hit is None or hit[1] != src._version:
-                if not src.numel():
-                    return func(*args, **kwargs)
-                hit = (len(p.values), src._version, True)
+        hit = self._lookup(src)
+        if hit is None:
+            if not src.numel():
+                return func(*args, **kwargs)
+            with tool_work():
+                hit = (_ref(src), len(p.values), src._version, True)
                 p.values.append(_screen(src))
-                try:
-                    screens[src] = hit
-                except TypeError:  # pragma: no cover
-                    pass
+            self._screens[id(src)] = hit
         out = func(*args, **kwargs)
-        for t in _tensors(out):
+        for t in (out,) if isinstance(out, torch.Tensor) else _tensors(out):
             if t.dtype in _FLOAT and (t.dtype == src.dtype or t.element_size() > src.element_size()):
-                try:
-                    screens[t] = (hit[0], t._version, hit[2])
-                except TypeError:  # pragma: no cover
-                    pass
+                self._screens[id(t)] = (_ref(t), hit[1], t._version, hit[3])
             elif t.dtype in _FLOAT and t.numel():  # a narrowing cast: may overflow, so it is measured
-                self._narrowing(func, t, hit, screens, p)
+                self._narrowing(func, t, hit, p)
         return out
 
-    def _narrowing(self, func: Any, t: torch.Tensor, hit: tuple[int, int, bool],
-                   screens: WeakIdKeyDictionary, p: _Pending) -> None:
+    def _narrowing(self, func: Any, t: torch.Tensor, hit: tuple[Any, int, int, bool], p: _Pending) -> None:
         base, op, prefix, *_ = self._op_info(func)
         phase, module, module_class = self._where()
-        n = self._counters[f"{prefix}.{base}.{phase}"] - 1
+        n = self._counters[(prefix, base, phase)] - 1
         seq = len(self._table)
-        self._table.append((f"{prefix}.{base}.{n}.{phase}", op, module, module_class, phase))
-        (p.ext_op if hit[2] else p.in_op).append(seq)
-        (p.ext_val if hit[2] else p.in_val).append(hit[0])
+        self._table.append((prefix, base, n, op, module, module_class, phase))
+        (p.ext_op if hit[3] else p.in_op).append(seq)
+        (p.ext_val if hit[3] else p.in_val).append(hit[1])
         with tool_work():
             idx = len(p.values)
             p.values.append(_screen(t))
         p.out_op.append(seq)
         p.out_val.append(idx)
-        try:
-            screens[t] = (idx, t._version, False)
-        except TypeError:  # pragma: no cover
-            pass
+        self._screens[id(t)] = (_ref(t), idx, t._version, False)
 
-    @staticmethod
-    def _input(a: torch.Tensor, seq: int, screens: WeakIdKeyDictionary, p: _Pending) -> None:
-        if a.dtype not in _FLOAT or a.layout != torch.strided or not a.numel():
+    def _input(self, a: torch.Tensor, seq: int, p: _Pending) -> None:
+        if a.dtype not in _FLOAT or a.layout != torch.strided:
             return
-        hit = screens.get(a)
-        if hit is not None and hit[1] == a._version:
-            (p.ext_op if hit[2] else p.in_op).append(seq)
-            (p.ext_val if hit[2] else p.in_val).append(hit[0])
+        e = self._screens.get(id(a))
+        if e is not None and e[0]() is a and e[2] == a._version:
+            (p.ext_op if e[3] else p.in_op).append(seq)
+            (p.ext_val if e[3] else p.in_val).append(e[1])
+            return
+        if not a.numel():
             return
         idx = len(p.values)
         p.values.append(_screen(a))
         p.ext_op.append(seq)
         p.ext_val.append(idx)
-        try:
-            screens[a] = (idx, a._version, True)
-        except TypeError:  # pragma: no cover
-            pass
+        self._screens[id(a)] = (_ref(a), idx, a._version, True)
 
     # ---- folding (device side) ---------------------------------------------------------------
     def _fold(self) -> None:
         """Reduce the pending screens into the device state (no host sync)."""
         p = self._pending
         self._pending = _Pending()
-        self._screens = WeakIdKeyDictionary()  # screen indices restart with the next chunk
+        self._screens = {}  # screen indices restart with the next chunk
         if not p.values and not p.bad_scalar_ops:
             return
         n_ops = len(self._table)
@@ -531,8 +536,8 @@ class NanInfTracker:
             return None
 
     def _finding(self, kind: str, seq: int, value: str) -> NanInfFinding:
-        name, op, module, module_class, phase = self._table[seq]
-        return NanInfFinding(kind=kind, name=name, op=op, module=module, module_class=module_class,
+        prefix, base, call, op, module, module_class, phase = self._table[seq]
+        return NanInfFinding(kind=kind, name=f"{prefix}.{base}.{call}.{phase}", op=op, module=module, module_class=module_class,
                              phase=phase, step=self.current_step, seq=seq, value=value)
 
 
