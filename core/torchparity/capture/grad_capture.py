@@ -104,11 +104,16 @@ def watch_call(inputs: list[tuple[str, torch.Tensor]], outputs: list[tuple[str, 
     watch = GradWatch(on_complete, meta)
     edges: dict[tuple[int, int], str] = {}
     leaves: dict[int, str] = {}
+    # Every node object touched stays referenced until the walk ends: on torch < 2.2 a node's
+    # Python wrapper dies with its last reference and a new one (with a new id) is made later.
+    alive: list[Any] = []
     for arg, t in inputs:
         if not (isinstance(t, torch.Tensor) and t.requires_grad):
             continue
         if t.grad_fn is not None:
-            edges[(id(t.grad_fn), t.output_nr)] = arg
+            node = t.grad_fn
+            alive.append(node)
+            edges[(id(node), t.output_nr)] = arg
         else:
             leaves[id(t)] = arg
     todo = []
@@ -122,6 +127,7 @@ def watch_call(inputs: list[tuple[str, torch.Tensor]], outputs: list[tuple[str, 
         if id(node) in seen:
             continue
         seen.add(id(node))
+        alive.append(node)
         hits = []
         for j, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:

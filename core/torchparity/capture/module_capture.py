@@ -27,7 +27,7 @@ class ModuleCapture:
         self.session = session
         self.tracker = tracker
         self.record = record
-        self._open: dict[int, tuple[Any, set[int]]] = {}  # id(frame) -> (record, input grad_fn ids)
+        self._open: dict[int, tuple[Any, list[Any]]] = {}  # id(frame) -> (pending record, input grad_fns)
         self._param_hooks: "weakref.WeakKeyDictionary[torch.nn.Module, list[Any]]" = weakref.WeakKeyDictionary()
         self._handles: list[Any] = []
         self._grad_counters: dict[str, int] = {}
@@ -52,7 +52,9 @@ class ModuleCapture:
         """Describe the inputs now (the module may modify them in place); the record itself is
         created at exit, so its id comes after the ops inside the module."""
         s = self.session
-        stop = {id(t.grad_fn) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+        # the inputs' nodes themselves (not their ids: on torch < 2.2 a node's Python wrapper, and
+        # so its id, changes once the last reference is gone)
+        stop = [t.grad_fn for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         pending = None
         if self.record and s.enabled_step and not s.busy:
             if s.options.params and frame.module not in self._param_hooks:
@@ -77,7 +79,7 @@ class ModuleCapture:
 
     def on_exit(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
         s = self.session
-        pending, stop = self._open.pop(id(frame), (None, set()))
+        pending, stop = self._open.pop(id(frame), (None, []))
         rec = None
         if pending is not None:
             phase, tensors, seq0 = pending

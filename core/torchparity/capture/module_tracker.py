@@ -168,7 +168,7 @@ class ModuleTracker:
 # ---- backward attribution ------------------------------------------------------------------
 
 
-def tag_graph(outputs: Any, info: dict[str, Any], stop_at: set[int] | None = None) -> None:
+def tag_graph(outputs: Any, info: dict[str, Any], stop_at: Any = None) -> None:
     """Tag the autograd nodes that produced ``outputs`` (and not yet tagged ones behind them).
 
     Walks ``grad_fn.next_functions`` from each output tensor and stops at nodes already tagged, so
@@ -182,18 +182,20 @@ def tag_graph(outputs: Any, info: dict[str, Any], stop_at: set[int] | None = Non
         if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None:
             todo.append(leaf.grad_fn)
     seen: set[int] = set()
+    alive = []  # torch < 2.2 frees a node's Python wrapper with its last reference: keep them, so ids stay unique
     while todo:
         node = todo.pop()
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
+        alive.append(node)
         try:
             meta = node.metadata
         except (AttributeError, RuntimeError):  # AccumulateGrad and C++-only nodes
             continue
         if _META_KEY in meta:
             continue
-        if stop_at is not None and id(node) in stop_at:
+        if stop_at is not None and any(node is n for n in stop_at):
             continue
         meta[_META_KEY] = info
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
