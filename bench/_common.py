@@ -110,6 +110,8 @@ def time_configs(bench: Bench, configs: dict[str, Config | None], *, rounds: int
                     ctx.__exit__(None, None, None)
                 bench.sync()
                 t.per_step.append((time.perf_counter() - t0) / steps)
+                if hasattr(ctx, "cleanup"):  # e.g. delete the dump it wrote (not timed)
+                    ctx.cleanup()
                 del cm
             except Exception as exc:  # a failing configuration is reported, the others go on
                 t.error = f"{type(exc).__name__}: {exc}"[:300]

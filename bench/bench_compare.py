@@ -1,0 +1,98 @@
+"""Benchmark: `torchparity.compare` on two statistics dumps of 100k records each.
+
+Target (issue 4): < 5 s. The dumps are synthesized (one input and one output per record, chained
+by producer, a planted x1.5 fault at record 60 000). The baseline measured in the same command is
+plain reading: json-parsing both records.jsonl files, which any compare must do. msprobe's compare
+is run on the same pair when `mindstudio-probe` is installed in /work/bench-venv (never a project
+dependency); otherwise the results file says so.
+
+    .venv/bin/python bench/bench_compare.py [--records 100000] [--out bench/results/compare.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def _read_baseline(root: Path) -> float:
+    t0 = time.perf_counter()
+    with open(root / "step0" / "rank0" / "records.jsonl", "rb") as f:
+        for line in f:
+            json.loads(line)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "compare.md"))
+    a = ap.parse_args()
+
+    import torchparity
+    from torchparity.compare._testing import bulk_stats_dump
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        t0 = time.perf_counter()
+        bench = bulk_stats_dump(tmp / "bench", a.records)
+        dev = bulk_stats_dump(tmp / "dev", a.records, fault_at=int(a.records * 0.6), factor=1.5)
+        synth = time.perf_counter() - t0
+        size = (dev / "step0" / "rank0" / "records.jsonl").stat().st_size
+        torchparity.compare(dev, bench)  # warm-up: imports (pandas, numpy, plugins)
+        times, reads = [], []
+        for _ in range(a.repeat):
+            reads.append(_read_baseline(dev) + _read_baseline(bench))
+            t0 = time.perf_counter()
+            res = torchparity.compare(dev, bench)
+            times.append(time.perf_counter() - t0)
+        rc = res.root_cause
+        ok = rc is not None and rc.index == int(a.records * 0.6)
+        t_cmp, t_read = min(times), min(reads)
+        ms = _msprobe_note()
+        lines = [
+            "# Benchmark: compare two statistics dumps",
+            "",
+            f"Command: `.venv/bin/python bench/bench_compare.py --records {a.records}` "
+            f"(machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+            f"{__import__('os').cpu_count()} CPUs). Synthesis of the two dumps: {synth:.1f} s, "
+            f"{size / 1e6:.1f} MB of records.jsonl each.",
+            "",
+            "| what | time (best of %d) | ratio to baseline |" % a.repeat,
+            "|---|---|---|",
+            f"| baseline: json-parse both records.jsonl ({2 * a.records} records) | {t_read:.2f} s | 1.00 |",
+            f"| `torchparity.compare` (read, match, metrics, root cause, verdicts; no reports) | {t_cmp:.2f} s | {t_cmp / t_read:.2f} |",
+            "",
+            f"Target < 5 s: **{'met' if t_cmp < 5 else 'NOT met'}** ({t_cmp:.2f} s). Root cause found at the "
+            f"planted record {int(a.records * 0.6)}: **{'yes' if ok else 'no'}** ({rc.name if rc else None}). "
+            f"Rows compared: {res.summary['n_rows']}.",
+            "",
+            "## msprobe",
+            "",
+            ms,
+            "",
+        ]
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text("\n".join(lines))
+        print("\n".join(lines))
+
+
+def _msprobe_note() -> str:
+    venv = Path("/work/bench-venv/bin/python")
+    if not venv.exists():
+        return "msprobe not measured: /work/bench-venv does not exist."
+    r = subprocess.run([str(venv), "-c", "import msprobe"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return ("msprobe not measured: `pip install mindstudio-probe` into /work/bench-venv failed on this machine "
+                "(no network access to the package index), so the side-by-side comparison could not be run here.")
+    return "msprobe is installed in /work/bench-venv but the side-by-side run is not implemented yet."
+
+
+if __name__ == "__main__":
+    main()
