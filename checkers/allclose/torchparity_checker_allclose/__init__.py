@@ -129,22 +129,20 @@ class AllcloseChecker(Checker):
         dd, bd = col("device_dtype", None).to_numpy(dtype=object), col("bench_dtype", None).to_numpy(dtype=object)
         ops = col("op", "").astype(str).to_numpy()
         names = col("device_name", "").astype(str).to_numpy()
-        rtol = np.empty(n)
-        atol = np.empty(n)
-        dtypes = np.empty(n, dtype=object)
-        cache: dict[tuple[Any, ...], tuple[float, float, str]] = {}
         use_names = bool(self.options.overrides)
         # core sets judge_dtype (the pair's lower precision, or the precision an emulating device
         # computed in); without it, the lower precision of the two dtypes
         jd = col("judge_dtype", None).to_numpy(dtype=object)
-        for i in range(n):
-            key = (dd[i], bd[i], jd[i], ops[i] if use_names else "")
-            v = cache.get(key) if not use_names else None
-            if v is None:
-                dt = jd[i] if isinstance(jd[i], str) and jd[i] in DEFAULT_RTOL else lower_precision(dd[i], bd[i])
-                r, a = self.tolerance(dt, ops[i], names[i] if use_names else "")
-                v = cache[key] = (r, a, dt)
-            rtol[i], atol[i], dtypes[i] = v
+        # one tolerance lookup per distinct (dtypes, op[, name]) combination
+        keys = pd.DataFrame({"d": dd, "b": bd, "j": jd, "o": ops if use_names else "", "n": names if use_names else ""})
+        codes, uniq = pd.factorize(pd.MultiIndex.from_frame(keys.astype(str)))
+        first = pd.Series(np.arange(n)).groupby(codes).first().to_numpy() if n else np.array([], dtype=int)
+        u_rtol, u_atol, u_dt = np.empty(len(first)), np.empty(len(first)), np.empty(len(first), dtype=object)
+        for k, i in enumerate(first):
+            dt = jd[i] if isinstance(jd[i], str) and jd[i] in DEFAULT_RTOL else lower_precision(dd[i], bd[i])
+            u_rtol[k], u_atol[k] = self.tolerance(dt, ops[i], names[i] if use_names else "")
+            u_dt[k] = dt
+        rtol, atol, dtypes = u_rtol[codes], u_atol[codes], u_dt[codes]
         kind = col("kind", "tensor").astype(str).to_numpy()
         io = col("io", "").astype(str).to_numpy()
         matched = col("match", "exact").astype(str).to_numpy() != "unmatched"
@@ -153,7 +151,10 @@ class AllcloseChecker(Checker):
         err = np.where(np.isnan(rel_l2), stat_err, rel_l2)
         in_err = np.nan_to_num(col("input_error").to_numpy(dtype="float64"), nan=0.0, posinf=np.inf)
         norm = np.abs(col("bench_norm").to_numpy(dtype="float64"))
-        numel = np.array([float(np.prod(s)) if isinstance(s, tuple) else np.nan for s in col("bench_shape", None)])
+        shapes = col("bench_shape", None).to_numpy(dtype=object)
+        sizes: dict[Any, float] = {}
+        numel = np.array([sizes.setdefault(s, float(math.prod(s))) if isinstance(s, tuple) else np.nan for s in shapes],
+                         dtype="float64")
         with np.errstate(divide="ignore", invalid="ignore"):
             atol_rel = np.where(norm > 0, atol * np.sqrt(np.nan_to_num(numel, nan=1.0, posinf=np.inf, neginf=-np.inf)) / norm, np.inf)
         limit = self.options.error_factor * rtol + np.nan_to_num(atol_rel, nan=0.0, posinf=np.inf, neginf=-np.inf)

@@ -143,7 +143,8 @@ def compare(
     reg = _registry(plugins)
     mode = _mode(rows)
     checkers = reg.checkers_for("compare") if reg is not None else []
-    rows, problems = judge(rows, checkers, mode)
+    with no_gc():
+        rows, problems = judge(rows, checkers, mode)
     warnings += problems
 
     root = _first(pair_roots)
@@ -242,9 +243,31 @@ def _run_jobs(jobs: list[tuple[Any, ...]], workers: int | None, dev: Any, ben: A
 
 def _compare_pair_safe(job: tuple[Any, ...]) -> Any:
     try:
-        return compare_pair(*job)
+        with no_gc():
+            return compare_pair(*job)
     except TorchparityError as exc:
         return exc
+
+
+class no_gc:
+    """Pause the cyclic garbage collector while a dump is read and compared.
+
+    Reading builds millions of small, long-lived containers (one dict per record and tensor);
+    each collection then walks all of them, which made reading 100k records ~4x slower than the
+    JSON parsing itself. Nothing here creates reference cycles that need the collector, and it is
+    re-enabled (if it was enabled) on exit."""
+
+    def __enter__(self) -> None:
+        import gc
+
+        self._was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: Any) -> None:
+        import gc
+
+        if self._was:
+            gc.enable()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,7 +34,14 @@ def _rel(diff: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 def numel(shapes: Any) -> np.ndarray:
     """Number of elements per shape tuple (NaN for missing shapes)."""
-    return np.array([float(np.prod(s)) if isinstance(s, tuple) else np.nan for s in shapes], dtype="float64")
+    cache: dict[Any, float] = {}
+    out = np.empty(len(shapes), dtype="float64")
+    for i, s in enumerate(shapes):
+        v = cache.get(s) if isinstance(s, tuple) else np.nan
+        if v is None:
+            v = cache[s] = float(math.prod(s))
+        out[i] = v
+    return out
 
 
 def stat_metrics(d: dict[str, np.ndarray], b: dict[str, np.ndarray], n: np.ndarray) -> dict[str, np.ndarray]:

@@ -554,8 +554,16 @@ def load_dump(path: str | Path, step: int | None = None, rank: int | None = None
     :param rank: only this rank (default: all).
     :raises DumpError: the path holds no dump, or the step/rank filter matches nothing.
     """
+    import gc
+
     reader = open_dump(path)
-    df = reader.frame(step, rank)
+    was = gc.isenabled()
+    gc.disable()  # millions of small long-lived containers: collections would dominate the time
+    try:
+        df = reader.frame(step, rank)
+    finally:
+        if was:
+            gc.enable()
     for w in df.attrs["warnings"]:
         log.warning(w)
     return df
