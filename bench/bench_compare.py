@@ -91,7 +91,8 @@ def _msprobe_note() -> str:
     if r.returncode != 0:
         return ("msprobe not measured: `pip install mindstudio-probe` into /work/bench-venv failed on this machine "
                 "(no network access to the package index), so the side-by-side comparison could not be run here.")
-    return "msprobe is installed in /work/bench-venv but the side-by-side run is not implemented yet."
+    return ("msprobe (mindstudio-probe) installs into /work/bench-venv, but the side-by-side run is not done yet: "
+            "it needs the same pair written in msprobe format (dump.json), which this script does not synthesize yet.")
 
 
 if __name__ == "__main__":
