@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# What ran on the GPU machine (see bench/results/gpu.md). The machine has a CUDA torch and the
+# project's dependencies but no network and no build backend, so the project is installed from
+# wheels built beforehand (`pip wheel --no-deps -w dist . ./backends/cpu ./backends/cuda
+# ./backends/emulated`, carried in dist/). Usage: bash bench/run_device.sh PART [OUTDIR]
+#   PART=gpu: install, `torchparity plugins`, backend + tracker tests, gpu_checks, cuda benches
+#   PART=cpu: the CPU benchmarks on the machine's 16 idle cores (no msprobe there)
+set -u
+part=${1:-gpu}
+out=${2:-${OUT:-bench/results/device}}
+mkdir -p "$out"
+pip install --no-deps --no-index -q dist/*.whl 2>&1 | tail -2
+python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+if [ "$part" = gpu ]; then
+  echo '$ torchparity plugins'; torchparity plugins 2>&1 | tee "$out/plugins.txt"; echo "exit $?"
+  echo '$ pytest tests/backends tests/online'
+  python -m pytest -q -p no:cacheprovider tests/backends tests/online 2>&1 | tail -15 | tee "$out/pytest.txt"
+  python bench/gpu_checks.py --out "$out/gpu_checks.md" 2>&1 | tail -40
+  python bench/bench_naninf.py --device cuda --rounds 7 --out "$out/naninf_cuda.md" 2>&1 | tail -8
+  python bench/bench_dump.py --device cuda --modes statistics --msprobe-python '' --rounds 5 \
+    --out "$out/dump_cuda.md" 2>&1 | grep -E '^\|' 
+else
+  python bench/bench_naninf.py --rounds 7 --out "$out/naninf_cpu16.md" 2>&1 | tail -8
+  python bench/bench_dump.py --msprobe-python '' --rounds 5 --out "$out/dump_cpu16.md" 2>&1 | grep -E '^(\||Tool off)'
+fi
