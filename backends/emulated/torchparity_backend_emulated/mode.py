@@ -103,6 +103,8 @@ class EmulatedDeviceMode(TorchDispatchMode):
         self._hooks: list[Any] = []
         self._tracker: ModuleTracker | None = None
         self._info: dict[Any, tuple[str, str, str, bool, bool]] = {}
+        #: ops whose kernel refused all-rounded inputs: computed at full precision, result rounded
+        self.rounded_outputs_only: set[str] = set()
 
     # ---- public ---------------------------------------------------------------------------
     @property
@@ -250,7 +252,24 @@ class EmulatedDeviceMode(TorchDispatchMode):
             return x
 
         cargs, ckwargs = tree_map(down, (args, kwargs))
-        out = func(*cargs, **ckwargs)
+        try:
+            out = func(*cargs, **ckwargs)
+        except (RuntimeError, NotImplementedError):
+            # Kernels with mixed-dtype contracts (e.g. SDPA backward wants a float32 logsumexp
+            # next to half inputs) refuse all-rounded inputs: compute at full precision and round
+            # the result instead, and remember the op so it can be reported.
+            self.rounded_outputs_only.add(str(func))
+            out = func(*args, **kwargs)
+            arg_ids = {id(t) for t in flat if isinstance(t, torch.Tensor)}
+
+            def round_result(x: Any) -> Any:
+                if not (isinstance(x, torch.Tensor) and x.dtype in _WIDE):
+                    return x
+                if id(x) in arg_ids:  # in-place / out=: round where it lives
+                    return x.copy_(x.to(target))
+                return x.to(target).to(x.dtype)
+
+            return tree_map(round_result, out)
         # write back what the op mutated (in-place, out=, foreach_, running stats ...)
         by_rounded = {id(r): o for o, r in converted.values()}
         for orig_id in _written_ids(func, args, kwargs):

@@ -25,7 +25,7 @@ from ..capture.api_mode import ApiCaptureMode
 from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
 from ..capture.module_tracker import ModuleTracker
-from ..capture.session import CaptureSession, world_size
+from ..capture.session import CaptureSession, current_rank, world_size
 from ..errors import UsageError
 from ..records import FORMAT_NAME, FORMAT_VERSION
 from .options import DumpOptions, load_options_file
@@ -98,7 +98,7 @@ class Dumper:
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
                   "level": o.level, "mode": o.mode, "world_size": world_size(),
                   "backend": _describe_backend(o.backend), "config": o.to_json()}
-        self.writer = DumpWriter(o.path, header, fsync=o.fsync, max_bytes=o.max_bytes,
+        self.writer = DumpWriter(o.path, header, fsync=o.fsync, max_bytes=o.max_bytes, rank=current_rank(),
                                  max_queue_bytes=o.max_queue_bytes)
         tracker = ModuleTracker()
         if self.model is not None:

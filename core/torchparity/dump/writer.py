@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import queue
+import re
+import shutil
 import socket
 import threading
 import time
@@ -60,11 +62,42 @@ def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+_OPENED_IN_THIS_PROCESS: set[tuple[str, int]] = set()
+
+
+def replace_previous_run(root: Path, rank: int) -> int:
+    """Remove this rank's data left in ``root`` by an earlier run (records are appended, so a
+    re-run into the same directory would otherwise mix two runs). Only directories named
+    ``step<N>/rank<rank>`` inside a torchparity dump are touched; other ranks clean their own.
+    Returns how many rank directories were removed."""
+    key = (str(root.resolve()), rank)
+    if key in _OPENED_IN_THIS_PROCESS:  # started again in the same process: keep appending
+        return 0
+    _OPENED_IN_THIS_PROCESS.add(key)
+    if not (root / "torchparity.json").is_file():
+        return 0
+    removed = 0
+    for step_dir in root.iterdir():
+        if not (step_dir.is_dir() and re.fullmatch(r"step\d+", step_dir.name)):
+            continue
+        rank_dir = step_dir / f"rank{rank}"
+        if rank_dir.is_dir():
+            shutil.rmtree(rank_dir, ignore_errors=True)
+            removed += 1
+        try:
+            step_dir.rmdir()  # only when no other rank is left in it
+        except OSError:
+            pass
+    if removed:
+        log.warning("%s held an earlier dump of rank %d (%d step(s)): replaced by this run", root, rank, removed)
+    return removed
+
+
 class DumpWriter:
     """Writes one dump directory. Thread-safe for one producer (the training thread) per rank."""
 
     def __init__(self, root: str | os.PathLike[str], header: dict[str, Any], *, fsync: bool = True,
-                 max_bytes: int | None = None, max_queue_bytes: int = 1 << 30) -> None:
+                 max_bytes: int | None = None, max_queue_bytes: int = 1 << 30, rank: int | None = None) -> None:
         self.root = Path(root)
         self.header = header
         self.fsync = fsync
@@ -81,6 +114,8 @@ class DumpWriter:
         self._thread = threading.Thread(target=self._run, name="torchparity-writer", daemon=True)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            if rank is not None:
+                replace_previous_run(self.root, rank)
             _atomic_write_json(self.root / "torchparity.json", {
                 "format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": header.get("tool_version"),
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
