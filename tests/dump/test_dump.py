@@ -385,3 +385,33 @@ def test_dumping_again_into_the_same_directory_replaces_the_earlier_run(tmp_path
     assert len({r["id"] for r in recs}) == len(recs)
     footer = json.loads((tmp_path / "d" / "step0" / "rank0" / "footer.json").read_text())
     assert footer["records"] == len(recs)
+
+
+def test_header_says_when_the_device_is_emulated(tmp_path: Path) -> None:
+    from torchparity_backend_emulated import emulate
+
+    with emulate(dtype="bfloat16"):
+        with torchparity.dump(str(tmp_path / "d"), level="api"):
+            torch.ones(4).mul(3)
+    header = json.loads((tmp_path / "d" / "step0" / "rank0" / "header.json").read_text())
+    assert header["backend"]["emulation"] is True
+    assert header["backend"]["emulated_dtype"] == "bfloat16"
+    with torchparity.dump(str(tmp_path / "plain"), level="api"):
+        torch.ones(4).mul(3)
+    header = json.loads((tmp_path / "plain" / "step0" / "rank0" / "header.json").read_text())
+    assert not header["backend"].get("emulation")
+
+
+def test_init_functions_do_not_measure_the_memory_they_overwrite(tmp_path: Path) -> None:
+    runs = []
+    for i in range(2):
+        stale = torch.full((32, 32), float(i + 7))
+        del stale
+        torch.manual_seed(0)
+        with torchparity.dump(str(tmp_path / f"i{i}"), level="api"):
+            w = torch.empty(32, 32)
+            torch.nn.init.kaiming_uniform_(w)
+            torch.nn.init.normal_(torch.empty(8, 8), std=0.1)
+        runs.append(read_records(tmp_path / f"i{i}"))
+    for ra, rb in zip(*runs):
+        assert [t.get("stats") for t in ra["tensors"]] == [t.get("stats") for t in rb["tensors"]], ra["name"]

@@ -31,6 +31,8 @@ class Fault:
             call=3)`` corrupts the op recorded as ``Aten.mm.3.forward`` of that step. The count is
             per op (overload packet) and phase within a step, views included, like the dump's
             aten records (``None``: every matching call). ``module`` filters on top of it.
+            Default: every matching call when ``module`` is given (the module singles the op
+            out), else 0 (the step's first call).
         step: the step (0-based; advanced by ``optimizer.step()`` or ``backend.step()``) in which
             the fault fires (``None``: every step).
         kind: ``scale`` (multiply by ``factor``), ``add`` (add ``value``), ``nan`` or ``inf``.
@@ -43,7 +45,7 @@ class Fault:
     op: str
     module: str | None = None
     phase: str | None = "forward"
-    call: int | None = 0
+    call: int | None = "auto"  # type: ignore[assignment]  # resolved in __post_init__
     step: int | None = 0
     kind: str = "scale"
     factor: float = 1.05
@@ -52,6 +54,10 @@ class Fault:
     output: int = 0
 
     def __post_init__(self) -> None:
+        if self.call == "auto":
+            # A module pattern already singles the op out: fire on its calls in that module.
+            # Without one, the first call of the step (the dump's counter 0).
+            self.call = None if self.module is not None else 0
         if not isinstance(self.op, str) or not self.op:
             raise PluginError("emulated fault: 'op' must be a non-empty pattern such as 'mul' or 'aten.mm*'")
         if self.phase is not None and self.phase not in PHASES:

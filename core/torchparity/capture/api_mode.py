@@ -20,6 +20,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..records import OpRecord
+from .aten_mode import _ALL_OUTPUTS, _OUT_ARG, _OVERWRITING, _UNINITIALIZED_RESULT
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
 from .module_tracker import tag_graph
 from .session import CaptureSession, flat_args, flat_outputs
@@ -57,6 +58,14 @@ def classify(func: Any) -> tuple[str, str, str] | None:
     if module.startswith("torch._C._special") or module.startswith("torch.special"):
         return "Torch", f"special.{name}", f"torch.special.{name}"
     return "Torch", name, f"torch.{name}"
+
+
+def _overwritten(flat: list[tuple[str, Any]]) -> frozenset[str]:
+    """The destination of an op that overwrites it (its first tensor argument, whatever its name)."""
+    for arg, v in flat:
+        if isinstance(v, torch.Tensor):
+            return frozenset({arg, "out"})
+    return _OUT_ARG
 
 
 @functools.lru_cache(maxsize=4096)
@@ -159,7 +168,8 @@ class ApiCaptureMode(TorchFunctionMode):
         flat = flat_args(args, kwargs)
         s.busy = True
         try:
-            rec.tensors = s.describe(flat, "input", rec.id, link=True)
+            rec.tensors = s.describe(flat, "input", rec.id, link=True,
+                                     no_values=_overwritten(flat) if base in _OVERWRITING else _OUT_ARG)
             grad_inputs = []
             if (s.options.backward and phase == "forward" and torch.is_grad_enabled()
                     and not _is_inplace_call(base, kwargs)):
@@ -178,7 +188,8 @@ class ApiCaptureMode(TorchFunctionMode):
         s.busy = True
         try:
             outs = flat_outputs(out)
-            rec.tensors += s.describe(outs, "output", rec.id, link=False)
+            rec.tensors += s.describe(outs, "output", rec.id, link=False,
+                                      no_values=_ALL_OUTPUTS if base in _UNINITIALIZED_RESULT else frozenset())
             s.note_outputs(rec.id, outs)
             s.commit(rec)
             if seq0 is not None:

@@ -20,7 +20,10 @@ from .session import CaptureSession, flat_args, flat_outputs
 # In-place ops that overwrite their destination without reading it: its old content is
 # uninitialised memory more often than not, so it is described but not measured.
 _OVERWRITING = frozenset({"normal_", "uniform_", "fill_", "zero_", "random_", "bernoulli_", "exponential_",
-                          "geometric_", "cauchy_", "log_normal_", "copy_", "set_", "resize_"})
+                          "geometric_", "cauchy_", "log_normal_", "copy_", "set_", "resize_",
+                          # torch.nn.init (API level)
+                          "constant_", "ones_", "zeros_", "eye_", "dirac_", "xavier_uniform_", "xavier_normal_",
+                          "kaiming_uniform_", "kaiming_normal_", "trunc_normal_", "orthogonal_", "sparse_"})
 _OVERWRITTEN_INPUT = frozenset({"0", "self", "out"})
 _OUT_ARG = frozenset({"out"})
 # Factory ops whose result is uninitialised memory.

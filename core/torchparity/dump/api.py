@@ -52,6 +52,34 @@ def _describe_backend(name: str | None) -> dict[str, Any]:
         return {"backend": name or "unknown", "torch_version": torch.__version__, "error": str(exc)}
 
 
+def _active_emulation() -> Any | None:
+    """The emulated-device dispatch mode the dump runs under (``with emulate(...)`` entered
+    before the dump), if any: the header must say the device was emulated, and at which dtype."""
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        modes = _get_current_dispatch_mode_stack()
+    except Exception:  # pragma: no cover - private API moved
+        return None
+    for m in reversed(modes):
+        if getattr(m, "torchparity_emulated", False):
+            return m
+    return None
+
+
+def _describe_device(name: str | None) -> dict[str, Any]:
+    emu = _active_emulation() if name is None else None
+    if emu is None:
+        return _describe_backend(name)
+    env = _describe_backend("emulated")
+    dtype = getattr(emu, "emulated_dtype", None)
+    env["emulation"] = True
+    env["emulated_dtype"] = str(dtype).replace("torch.", "") if dtype is not None else None
+    env["device_name"] = f"emulated device on the CPU ({env['emulated_dtype'] or 'full precision'})"
+    env["faults"] = [f.to_dict() if hasattr(f, "to_dict") else str(f) for f in getattr(emu, "faults", [])]
+    return env
+
+
 def _activate_backend(name: str) -> Any:
     from ..plugins import get_registry
 
@@ -97,7 +125,7 @@ class Dumper:
 
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
                   "level": o.level, "mode": o.mode, "world_size": world_size(),
-                  "backend": _describe_backend(o.backend), "config": o.to_json()}
+                  "backend": _describe_device(o.backend), "config": o.to_json()}
         self.writer = DumpWriter(o.path, header, fsync=o.fsync, max_bytes=o.max_bytes, rank=current_rank(),
                                  max_queue_bytes=o.max_queue_bytes)
         tracker = ModuleTracker()
