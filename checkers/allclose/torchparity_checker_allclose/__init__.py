@@ -149,7 +149,10 @@ class AllcloseChecker(Checker):
         rel_l2 = col("rel_l2").to_numpy(dtype="float64")
         stat_err = col("stat_error").to_numpy(dtype="float64")
         err = np.where(np.isnan(rel_l2), stat_err, rel_l2)
-        in_err = np.nan_to_num(col("input_error").to_numpy(dtype="float64"), nan=0.0, posinf=np.inf)
+        in_err_raw = col("input_error").to_numpy(dtype="float64")
+        in_err = np.nan_to_num(in_err_raw, nan=0.0, posinf=np.inf)
+        # no known inputs (parameter gradients, records without input links): cannot be "introduced here"
+        no_inputs = np.isnan(in_err_raw) & (col("op", "").astype(str).to_numpy() == "parameters_grad")
         norm = np.abs(col("bench_norm").to_numpy(dtype="float64"))
         shapes = col("bench_shape", None).to_numpy(dtype=object)
         sizes: dict[Any, float] = {}
@@ -162,12 +165,21 @@ class AllcloseChecker(Checker):
         has = is_tensor & ~np.isnan(err)
         out_like = np.isin(io, ["output", "grad"])
         beyond = has & (err > limit)
+        # "introduced here" is the root-cause analysis' own test: output error over input error,
+        # with the same noise floor (the compare core's `floor` column), so that verdicts and the
+        # root cause never disagree; without that column, the tolerance stands in for the floor
+        floor = col("floor").to_numpy(dtype="float64")
+        floor = np.where(np.isnan(floor), limit, floor)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            amplified = err >= self.options.amplification * np.fmax(in_err, limit)
+            amplified = (err >= self.options.amplification * np.fmax(in_err, floor)) & ~no_inputs
         verdict[has] = "pass"
         w = beyond & ~(out_like & amplified)
         verdict[w] = "warning"
-        reason[w] = [f"differs by {e:.3g} (> {l:.3g} for {dt}), carried from its inputs (input error {ie:.3g})"
+        reason[w] = [(f"differs by {e:.3g} (> {l:.3g} for {dt}), carried from its inputs (input error {ie:.3g})"
+                      if e <= 2 * ie else f"differs by {e:.3g} (> {l:.3g} for {dt}) (a gradient: see the backward ops that produced it)"
+                      if ie == 0 else
+                      f"differs by {e:.3g} (> {l:.3g} for {dt}), more than its inputs (input error {ie:.3g}) "
+                      f"but below the root-cause amplification")
                      if o else f"input differs by {e:.3g} (> {l:.3g} for {dt})"
                      for e, l, dt, ie, o in zip(err[w], limit[w], dtypes[w], in_err[w], out_like[w])]
         e_ = beyond & out_like & amplified
