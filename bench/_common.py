@@ -5,9 +5,10 @@ can use it from a venv where torchparity is not installed).
 
 Protocol: every configuration is timed in the same process as the tool-off baseline, in rounds
 that interleave the configurations (so background load hits all of them alike). In each round a
-configuration is started, run ``warmup`` steps, then ``steps`` timed steps *including* stopping
-the tool (the flush of what it still has to write is part of its cost). The reported time is the
-median over rounds of the per-step time; ratios divide by the baseline's median.
+configuration is started, run ``warmup`` steps, then ``steps`` timed steps (steady state: what a
+long run pays per step); stopping the tool (flushing what it still has to write) is timed
+separately. The reported time is the median over rounds of the per-step time; ratios divide by
+the baseline's median.
 """
 
 from __future__ import annotations
@@ -76,7 +77,12 @@ Config = Callable[[], Any]
 class Timing:
     name: str
     per_step: list[float] = field(default_factory=list)  # seconds per step, one value per round
+    stop: list[float] = field(default_factory=list)  # seconds to stop the tool, one value per round
     error: str | None = None
+
+    @property
+    def stop_median(self) -> float:
+        return statistics.median(self.stop) if self.stop else float("nan")
 
     @property
     def median(self) -> float:
@@ -106,10 +112,12 @@ def time_configs(bench: Bench, configs: dict[str, Config | None], *, rounds: int
                     for _ in range(steps):
                         bench.step()
                     bench.sync()
+                    t1 = time.perf_counter()
                 finally:
                     ctx.__exit__(None, None, None)
                 bench.sync()
-                t.per_step.append((time.perf_counter() - t0) / steps)
+                t.stop.append(time.perf_counter() - t1)
+                t.per_step.append((t1 - t0) / steps)
                 if hasattr(ctx, "cleanup"):  # e.g. delete the dump it wrote (not timed)
                     ctx.cleanup()
                 del cm

@@ -159,19 +159,19 @@ def main(argv: list[str] | None = None) -> int:
         f"- msprobe: mindstudio-probe {ms_ver} in {a.msprobe_python}" if ms_ver else
         f"- msprobe: not measured ({next(iter(ms.values()), {}).get('error', 'skipped') if ms else 'skipped'})",
         f"- Protocol: {a.rounds} interleaved rounds x ({a.warmup} warm-up + {a.steps} timed steps, stopping the "
-        "tool and flushing its writes included); median per-step time; ratio = median / tool-off median "
+        "tool and flushing its writes timed apart); median per-step time; ratio = median / tool-off median "
         "measured in the same process (msprobe: in its own subprocess, baseline measured there before the "
         "debugger is created).",
         "",
         f"Tool off: {base.median * 1000:.1f} ms/step.",
         "",
-        "| level | mode | torchparity ms/step | torchparity ratio | msprobe, closest setting |",
-        "|---|---|---|---|---|",
+        "| level | mode | torchparity ms/step | torchparity ratio | stop (flush) ms | msprobe, closest setting |",
+        "|---|---|---|---|---|---|",
     ]
     for mode in modes:
         for level in levels:
             t = res[f"torchparity {level} {mode}"]
-            lines.append(f"| {level} | {mode} | {t.median * 1000:.1f} | {fmt_ratio(t, base)} | "
+            lines.append(f"| {level} | {mode} | {t.median * 1000:.1f} | {fmt_ratio(t, base)} | {t.stop_median * 1000:.0f} | "
                          f"{ms_cell(MSPROBE_EQUIVALENT.get((level, mode)))} |")
     verdict = []
     t = res.get("torchparity aten statistics")

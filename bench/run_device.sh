@@ -9,12 +9,12 @@ set -u
 part=${1:-gpu}
 out=${2:-${OUT:-bench/results/device}}
 mkdir -p "$out"
-pip install --no-deps --no-index -q dist/*.whl 2>&1 | tail -2
+python -m pip install --no-deps --no-index -q --root-user-action=ignore dist/*.whl 2>&1 | tail -2
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
 if [ "$part" = gpu ]; then
-  echo '$ torchparity plugins'; torchparity plugins 2>&1 | tee "$out/plugins.txt"; echo "exit $?"
-  echo '$ pytest tests/backends tests/online'
-  python -m pytest -q -p no:cacheprovider tests/backends tests/online 2>&1 | tail -15 | tee "$out/pytest.txt"
+  echo '$ torchparity plugins'; python -m torchparity plugins 2>&1 | tee "$out/plugins.txt"; echo "exit ${PIPESTATUS[0]}"
+  echo "$ pytest tests/backends tests/online/test_naninf.py"
+  python -m pytest -q -p no:cacheprovider tests/backends tests/online/test_naninf.py 2>&1 | tail -15 | tee "$out/pytest.txt"
   python bench/gpu_checks.py --out "$out/gpu_checks.md" 2>&1 | tail -40
   python bench/bench_naninf.py --device cuda --rounds 7 --out "$out/naninf_cuda.md" 2>&1 | tail -8
   python bench/bench_dump.py --device cuda --modes statistics --msprobe-python '' --rounds 5 \

@@ -134,3 +134,11 @@ def test_usage_errors() -> None:
 
 def test_exported_lazily() -> None:
     assert torchparity.NanInfTracker is NanInfTracker
+
+
+def test_step_with_only_views_and_copies() -> None:
+    with NanInfTracker() as t:
+        x = torch.ones(3)
+        t.step()
+        x.t().clone().detach()  # nothing but aliasing ops in this step
+    assert t.findings == []

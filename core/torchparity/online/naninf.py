@@ -471,9 +471,9 @@ class NanInfTracker:
         p = self._pending
         self._pending = _Pending()
         self._screens = {}  # screen indices restart with the next chunk
-        if not p.values and not p.bad_scalar_ops:
-            return
         n_ops = len(self._table)
+        if n_ops == 0 or not (p.out_op or p.in_op or p.ext_op or p.bad_scalar_ops):
+            return  # only views/copies so far: nothing can have been created
         dev = self._state_device
         if dev is None:
             devs = {v.device for v in p.values}
