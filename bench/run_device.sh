@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # What ran on the GPU machine (see bench/results/gpu.md). The machine has a CUDA torch and the
 # project's dependencies but no network and no build backend, so the project is installed from
-# wheels built beforehand (`pip wheel --no-deps -w dist . ./backends/cpu ./backends/cuda
-# ./backends/emulated`, carried in dist/). Usage: bash bench/run_device.sh PART [OUTDIR]
+# wheels built beforehand (`pip wheel --no-deps -w dist . backends/*/ checkers/*/ reporters/*/`,
+# carried in dist/). Usage: bash bench/run_device.sh PART [OUTDIR]
 #   PART=gpu: install, `torchparity plugins`, backend + tracker tests, gpu_checks, cuda benches
-#   PART=cpu: the CPU benchmarks on the machine's 16 idle cores (no msprobe there)
+#   PART=cpu: cProfile of the cuda dump/tracker, then the CPU benchmarks on the machine's 16 idle
+#             cores (no msprobe there: it is not installable offline)
 set -u
 part=${1:-gpu}
 out=${2:-${OUT:-bench/results/device}}
@@ -20,6 +21,10 @@ if [ "$part" = gpu ]; then
   python bench/bench_dump.py --device cuda --modes statistics --msprobe-python '' --rounds 5 \
     --out "$out/dump_cuda.md" 2>&1 | grep -E '^\|' 
 else
+  for lv in module aten; do
+    python bench/profile_dump.py --device cuda --level $lv --steps 3 --top 14 2>&1 | tee "$out/profile_cuda_$lv.txt" | head -24
+  done
+  python bench/profile_dump.py --device cuda --naninf --steps 3 --top 10 2>&1 | tee "$out/profile_cuda_naninf.txt" | head -18
   python bench/bench_naninf.py --rounds 7 --out "$out/naninf_cpu16.md" 2>&1 | tail -8
   python bench/bench_dump.py --msprobe-python '' --rounds 5 --out "$out/dump_cpu16.md" 2>&1 | grep -E '^(\||Tool off)'
 fi

@@ -1,0 +1,70 @@
+"""Where a dump's time goes: ``python bench/profile_dump.py --level aten --mode statistics``.
+
+Runs the bench model under ``torchparity.dump`` (or the NanInfTracker with ``--naninf``) and
+prints cProfile's top functions by own time for ``--steps`` steady-state steps, plus the step
+time with the tool off for scale. A tool for whoever optimises the capture engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Bench  # noqa: E402
+
+import torchparity  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 epilog="example: python bench/profile_dump.py --device cuda --level module")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--level", default="aten")
+    ap.add_argument("--mode", default="statistics")
+    ap.add_argument("--naninf", action="store_true", help="profile the NanInfTracker instead of a dump")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    b = Bench(a.device)
+    for _ in range(3):
+        b.step()
+    b.sync()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        b.step()
+    b.sync()
+    off = (time.perf_counter() - t0) / a.steps
+    with tempfile.TemporaryDirectory() as d:
+        tool = torchparity.NanInfTracker(b.model) if a.naninf else \
+            torchparity.dump(d, level=a.level, mode=a.mode, model=b.model)
+        tool.start()
+        b.step()
+        b.sync()
+        pr = cProfile.Profile()
+        t0 = time.perf_counter()
+        pr.enable()
+        for _ in range(a.steps):
+            b.step()
+        b.sync()
+        pr.disable()
+        on = (time.perf_counter() - t0) / a.steps
+        tool.stop()
+    what = "NanInfTracker" if a.naninf else f"dump level={a.level} mode={a.mode}"
+    print(f"{what} on {a.device}: {on * 1000:.1f} ms/step under cProfile vs {off * 1000:.1f} ms/step off")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
