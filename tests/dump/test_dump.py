@@ -415,3 +415,14 @@ def test_init_functions_do_not_measure_the_memory_they_overwrite(tmp_path: Path)
         runs.append(read_records(tmp_path / f"i{i}"))
     for ra, rb in zip(*runs):
         assert [t.get("stats") for t in ra["tensors"]] == [t.get("stats") for t in rb["tensors"]], ra["name"]
+
+
+def test_flush_after_stop_returns(tmp_path: Path) -> None:
+    d = torchparity.dump(str(tmp_path / "d"), level="api")
+    d.start()
+    torch.ones(3).add(1)
+    d.flush()
+    d.stop()
+    d.flush()  # used to wait forever on the stopped writer thread
+    d.writer.flush()
+    assert read_records(tmp_path / "d")

@@ -192,8 +192,8 @@ class Dumper:
             self._module_capture.new_step()
 
     def flush(self) -> None:
-        """Write everything captured so far to disk and wait for it."""
-        if self.session is not None and self.writer is not None:
+        """Write everything captured so far to disk and wait for it (no-op once stopped)."""
+        if self._stack is not None and self.session is not None and self.writer is not None:
             self.session.flush()
             self.writer.flush()
 

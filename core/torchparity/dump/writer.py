@@ -148,9 +148,14 @@ class DumpWriter:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until everything submitted so far is on disk."""
+        if not self._thread.is_alive():  # closed (or died): everything it will ever write is written
+            return
         done = threading.Event()
         self._queue.put(("barrier", done))
-        done.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done.wait(0.5):
+            if not self._thread.is_alive() or (deadline is not None and time.monotonic() > deadline):
+                return
 
     def close(self) -> None:
         if not self._thread.is_alive():
