@@ -192,7 +192,7 @@ def bulk_stats_dump(root: str | Path, n_records: int, *, seed: int = 0, fault_at
         in_stats = {"max": 3.0 * scale, "min": -3.0 * scale, "mean": 0.01 * scale, "norm": norm * scale, "nan": 0, "inf": 0}
         if fault_at is not None and i == fault_at:
             scale *= factor
-        norm_out = norm * (1 + 0.1 * rnd.random())
+        norm_out = 10.0 * (1 + 0.1 * rnd.random())  # chained: the next record's input
         out_stats = {"max": 3.0 * scale, "min": -3.0 * scale, "mean": 0.01 * scale, "norm": norm * scale, "nan": 0, "inf": 0}
         norm = norm_out
         in_stats["norm"] = in_stats["norm"]

@@ -405,6 +405,18 @@ def empty_frame() -> Any:
     return pd.DataFrame({c: pd.Series(dtype="object") for c in COLUMNS})
 
 
+try:  # orjson parses records.jsonl 3-5x faster than the standard library (same strict JSON)
+    from orjson import loads as _orjson_loads
+
+    def _fast_loads(line: bytes) -> Any:
+        try:
+            return _orjson_loads(line)
+        except ValueError:  # NaN/Infinity literals from other writers: the standard parser takes them
+            return json.loads(line)
+except ImportError:  # pragma: no cover - orjson is a dependency; stay usable without it
+    _fast_loads = json.loads
+
+
 def _read_records(path: Path, rel: str, warnings: list[str]) -> list[dict[str, Any]]:
     """Parse records.jsonl, keeping every good line and reporting bad ones."""
     try:
@@ -417,7 +429,7 @@ def _read_records(path: Path, rel: str, warnings: list[str]) -> list[dict[str, A
     records: list[dict[str, Any]] = []
     bad: list[int] = []
     truncated = False
-    loads = json.loads
+    loads = _fast_loads
     n = len(lines)
     for i, line in enumerate(lines):
         if not line.strip():
