@@ -1,0 +1,290 @@
+"""msprobe-compatible entry points over torchparity's engine.
+
+Replace ``from msprobe.pytorch import PrecisionDebugger, compare, compare_distributed`` with
+``from torchparity.compat.msprobe import ...``; the same ``config.json`` and calls work::
+
+    debugger = PrecisionDebugger(config_path="./config.json", dump_path="./npu_dump")
+    debugger.start(); ...; debugger.stop(); debugger.step()
+    compare({"npu_json_path": "./npu_dump/dump.json", "bench_json_path": "./bench_dump/dump.json",
+             "stack_json_path": "./npu_dump/stack.json", "is_print_compare_log": True},
+            output_path="./output", stack_mode=True)
+    compare_distributed("./npu_dump/step0", "./gpu_dump/step0", "./output")
+
+What each ``config.json`` key does here:
+
+* ``task``: ``statistics`` / ``tensor`` → the dump mode; ``structure`` → a module-level dump (the
+  module tree and each module's records); ``overflow_check`` → a statistics
+  dump scanned by the overflow checker at every ``step()``/``stop()``: the overflowing ops (finite
+  inputs, NaN/Inf output) are logged and written to ``DUMP/overflow.json``; ``overflow_nums``
+  (default 1, ``-1`` = unlimited) is how many overflowing ops are reported before the dump stops
+  recording (msprobe stops dumping after that many);
+* ``seed`` / ``is_deterministic``: applied when the debugger is created (``torch.manual_seed``
+  and every device generator; ``torch.use_deterministic_algorithms``), like msprobe;
+* ``rank``, ``step``, ``level`` (L0 module, L1 api, L2 aten, mix), ``scope``, ``list`` (op
+  names; ``"distributed"`` = collectives only), ``data_mode``, ``summary_mode`` (``md5``):
+  the dump filters (:func:`torchparity.dump.options.from_msprobe`); ``"list": ["distributed"]``
+  records only ``torch.distributed`` APIs and c10d collectives;
+* ``dump_path`` argument: overrides the file's ``dump_path``.
+
+Dumps are torchparity dumps (``DUMP/step{S}/rank{R}/records.jsonl``); :func:`compare` accepts
+those and msprobe dumps (``dump.json``) on either side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import UsageError
+
+log = logging.getLogger("torchparity")
+
+__all__ = ["PrecisionDebugger", "compare", "compare_distributed"]
+
+#: msprobe's communication API names (seed 001, "通信类API支持列表") and the aten names they reach.
+DISTRIBUTED_OPS = ("send", "recv", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "isend", "irecv",
+                   "scatter", "reduce_scatter", "_reduce_scatter_base", "_all_gather_base")
+
+
+def _read_config(config_path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(config_path)
+    if not p.is_file():
+        raise UsageError(f"msprobe config {p} does not exist")
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{p} is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"{p}: expected a JSON object")
+    return cfg
+
+
+class PrecisionDebugger:
+    """msprobe's ``PrecisionDebugger``: ``start()`` / ``stop()`` / ``step()`` around the code to dump."""
+
+    def __init__(self, config_path: str | os.PathLike[str] | None = None, dump_path: str | None = None,
+                 task: str | None = None, level: str | None = None, model: Any = None, step: list | None = None,
+                 **_: Any) -> None:
+        from ..dump.options import from_msprobe
+
+        cfg = _read_config(config_path) if config_path is not None else {"task": "statistics"}
+        if task is not None:
+            cfg["task"] = task
+        if level is not None:
+            cfg["level"] = level
+        if step is not None:
+            cfg["step"] = step
+        if dump_path is not None:
+            cfg["dump_path"] = str(dump_path)
+        self.config = cfg
+        self.task = cfg.get("task", "statistics")
+        section = cfg.get(self.task) or {}
+        lst = [str(x) for x in section.get("list") or []]
+        if "distributed" in lst:
+            # msprobe: "list": ["distributed"] dumps only the communication APIs
+            section = dict(section, list=[x for x in lst if x != "distributed"])
+            cfg = dict(cfg, **{self.task: section})
+        opts = from_msprobe({k: v for k, v in cfg.items()}, str(config_path or "PrecisionDebugger"))
+        if "distributed" in lst:
+            opts["ops"] = (opts.get("ops") or []) + [r"re:^(?:torch\.distributed\.|c10d\.|_c10d_functional\.|c10d_functional\.)"]
+        opts.setdefault("path", "./dump_path")
+        if self.task == "overflow_check":
+            opts["mode"] = "statistics"
+        self.overflow_nums = int((cfg.get("overflow_check") or {}).get("overflow_nums", 1))
+        self.dump_path = opts["path"]
+        self.options = opts
+        self.model = model
+        self.overflows: list[dict[str, Any]] = []
+        self._dumper: Any = None
+        if cfg.get("seed") is not None:
+            _seed_everything(int(cfg["seed"]))
+        if cfg.get("is_deterministic"):
+            import torch
+
+            torch.use_deterministic_algorithms(True, warn_only=True)
+
+    # ---- msprobe API --------------------------------------------------------------------------
+    def start(self, model: Any = None) -> None:
+        """Start (or resume) dumping."""
+        import torchparity
+
+        if self._dumper is None:
+            self._dumper = torchparity.dump(model=model or self.model, **self.options)
+        if self._dumper.session is None:
+            self._dumper.start()
+        else:
+            self._resume()
+
+    def stop(self) -> None:
+        """Pause dumping (``start()`` resumes into the same step)."""
+        if self._dumper is not None and self._dumper.session is not None:
+            self._dumper._finish_step_records()  # backward records of the api/module levels
+            self._dumper.session.enabled_step = False
+            self._dumper.flush()
+            self._check_overflow()
+
+    def step(self) -> None:
+        """End the step: what follows is written under the next ``step{S}`` directory."""
+        if self._dumper is None or self._dumper.session is None:
+            return
+        was = self._dumper.session.enabled_step
+        self._dumper.step()
+        self._check_overflow()
+        if not was:
+            self._dumper.session.enabled_step = False
+
+    def close(self) -> None:
+        """Finish the dump (also done at interpreter exit)."""
+        if self._dumper is not None:
+            self._dumper.stop()
+            self._check_overflow()
+
+    def _resume(self) -> None:
+        s = self._dumper.session
+        s.enabled_step = s._step_enabled()
+
+    # ---- overflow_check -------------------------------------------------------------------------
+    def _check_overflow(self) -> None:
+        if self.task != "overflow_check" or self._dumper is None:
+            return
+        from ..cli.overflow_cmd import analyse
+        from ..plugins import get_registry
+
+        self._dumper.flush()
+        if not Path(self.dump_path).exists():
+            return
+        report = analyse(self.dump_path, checker=get_registry().get("checker", "overflow"))
+        ids = {(o["step"], o["rank"], o["record_id"]) for o in self.overflows}
+        for f in report["first_critical"]:
+            if (f["step"], f["rank"], f["record_id"]) not in ids:
+                self.overflows.append(f)
+                log.warning("[msprobe overflow] %s (%s) in %s, step %s rank %s: %s", f["name"], f["op"],
+                            f["module"] or "(top level)", f["step"], f["rank"], f["reason"])
+        if self.overflow_nums != -1 and len(self.overflows) >= self.overflow_nums and self._dumper.session is not None:
+            self._dumper.session.options.steps = []  # msprobe stops dumping after overflow_nums overflows
+            self._dumper.session.enabled_step = False
+        Path(self.dump_path, "overflow.json").write_text(
+            json.dumps({"overflow_nums": self.overflow_nums, "overflows": self.overflows}, indent=2) + "\n",
+            encoding="utf-8")
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    torch.manual_seed(seed)
+
+
+def _dump_dir(path: str | os.PathLike[str] | None, key: str) -> Path:
+    if not path:
+        raise UsageError(f"compare: input_param needs '{key}'")
+    p = Path(path)
+    if p.name in ("dump.json", "stack.json", "construct.json") and p.parent.is_dir():
+        return p.parent  # msprobe dump or a torchparity dump named as msprobe would
+    if p.is_dir():
+        return p
+    raise UsageError(f"compare: {key}={str(path)!r} does not exist")
+
+
+def compare(input_param: Mapping[str, Any], output_path: str | os.PathLike[str], stack_mode: bool = False,
+            auto_analyze: bool = True, fuzzy_match: bool = False, **_: Any) -> Any:
+    """msprobe's ``compare``: writes ``compare_result_{timestamp}.xlsx`` and ``advisor_{timestamp}.txt``.
+
+    ``npu_json_path`` / ``bench_json_path`` point at ``dump.json`` files or dump directories
+    (msprobe or torchparity dumps). ``stack_mode`` adds the call-stack column
+    (``NPU_Stack_Info``); ``is_print_compare_log`` prints the console summary; ``auto_analyze``
+    writes the advisor file. Returns the :class:`~torchparity.results.CompareResult`.
+    """
+    from ..config import parse_config
+    from ..plugins import build_registry
+    import torchparity
+
+    if not isinstance(input_param, Mapping):
+        raise UsageError("compare: input_param must be a dict with npu_json_path and bench_json_path")
+    dev = _dump_dir(input_param.get("npu_json_path") or input_param.get("npu_path"), "npu_json_path")
+    ben = _dump_dir(input_param.get("bench_json_path") or input_param.get("bench_path"), "bench_json_path")
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    xlsx_name, advisor_name = f"compare_result_{stamp}.xlsx", f"advisor_{stamp}.txt"
+    formats = ["xlsx"] + (["advisor"] if auto_analyze else []) + (["log"] if input_param.get("is_print_compare_log", True) else [])
+    reg = build_registry(parse_config({
+        "reporters": [{"xlsx": {"filename": xlsx_name, "include_stack": bool(stack_mode)}},
+                      {"advisor": {"filename": advisor_name}}, "log", "json"],
+    }))
+    out = Path(output_path)
+    out.mkdir(parents=True, exist_ok=True)
+    result = torchparity.compare(dev, ben, plugins=reg)  # reports are written below
+    if stack_mode:
+        _attach_stacks(result, dev)
+    result.output_dir = out
+    for name in formats:
+        reg.get("reporter", name).write(result, out)
+    return result
+
+
+def _attach_stacks(result: Any, dev: Path) -> None:
+    """Add the device side's call stack to every compare row (msprobe's ``NPU_Stack_Info``).
+
+    torchparity's compare rows do not carry the stack themselves (they drop ``d_stack``); the
+    device dump has it, keyed by (step, rank, record id)."""
+    from ..dump.reader import open_dump
+
+    rows = result.rows
+    if rows is None or rows.empty or "device_record_id" not in rows.columns:
+        return
+    reader = open_dump(dev)
+    frame = reader.frame()
+    if "stack" not in frame.columns:
+        return
+    ids = frame[["step", "rank", "record_id", "stack"]].drop_duplicates(["step", "rank", "record_id"])
+    cache: dict[tuple[int, int], dict[int, list[str]]] = {}
+    by_key: dict[tuple[int, int, int], list[str]] = {}
+    for step, rank, rid, sid in ids.itertuples(index=False, name=None):
+        if sid is None or sid != sid:
+            continue
+        key = (int(step), int(rank))
+        if key not in cache:
+            try:
+                cache[key] = reader.stacks(*key)
+            except Exception:
+                cache[key] = {}
+        frames = cache[key].get(int(sid)) if not isinstance(sid, (list, tuple)) else list(sid)
+        if frames:
+            by_key[(int(step), int(rank), int(rid))] = frames
+    steps = rows["step"] if "step" in rows.columns else 0
+    ranks = rows["rank"] if "rank" in rows.columns else 0
+    import pandas as pd
+
+    keys = zip(pd.Series(steps, index=rows.index), pd.Series(ranks, index=rows.index), rows["device_record_id"])
+    result.rows = rows.assign(stack=[by_key.get((int(s), int(r), int(i))) if i == i else None for s, r, i in keys])
+
+
+def compare_distributed(npu_dump_dir: str | os.PathLike[str], bench_dump_dir: str | os.PathLike[str],
+                        output_path: str | os.PathLike[str], **kwargs: Any) -> Any:
+    """msprobe's ``compare_distributed``: step-level directories holding the same ``rank*`` folders.
+
+    Every rank is compared (in parallel processes); reports go to ``output_path``.
+    """
+    import torchparity
+
+    a, b = Path(npu_dump_dir), Path(bench_dump_dir)
+    for p in (a, b):
+        if not p.is_dir():
+            raise UsageError(f"compare_distributed: {p} is not a directory (pass the step level: DUMP/step0)")
+    ra = sorted(x.name for x in a.iterdir() if x.is_dir() and x.name.startswith("rank"))
+    rb = sorted(x.name for x in b.iterdir() if x.is_dir() and x.name.startswith("rank"))
+    if not ra or ra != rb:
+        raise UsageError(f"compare_distributed: both directories must hold the same rank folders; "
+                         f"{a} has {ra or 'none'}, {b} has {rb or 'none'}")
+    out = Path(output_path)
+    out.mkdir(parents=True, exist_ok=True)
+    return torchparity.compare(a, b, output_dir=out, formats=kwargs.get("formats", "xlsx,advisor,json"))
