@@ -165,27 +165,38 @@ def make_rows(root: str | None, *, steps: int = 1, ranks: int = 1, seed: int = 0
 
 
 def summarize(frame: pd.DataFrame, root: Suspect | None) -> dict[str, Any]:
+    """A summary with the keys the compare engine writes (``torchparity.compare.api._summary``):
+    unmatched rows split by side, ``first_divergence`` with name/step/rank/index only."""
     counts = frame["verdict"].value_counts()
-    unmatched = int((frame["match"] == "unmatched").sum())
+    unmatched = frame["match"] == "unmatched"
     summary: dict[str, Any] = {
-        "mode": "tensor",
         "device_dump": "dumps/npu", "bench_dump": "dumps/cpu",
-        "device_backend": "npu", "bench_backend": "cpu",
+        "device_format": "torchparity", "bench_format": "torchparity",
+        "mode": "tensor",
+        "steps": sorted(int(x) for x in frame["step"].unique()),
+        "ranks": sorted(int(x) for x in frame["rank"].unique()),
         "n_rows": int(len(frame)),
+        "n_compared": int((~unmatched).sum()),
+        "n_unmatched_device": int((unmatched & frame["bench_name"].isna()).sum()),
+        "n_unmatched_bench": int((unmatched & frame["device_name"].isna()).sum()),
         "n_pass": int(counts.get("pass", 0)),
         "n_warning": int(counts.get("warning", 0)),
         "n_error": int(counts.get("error", 0)),
         "n_skip": int(counts.get("skip", 0)),
-        "n_unmatched": unmatched,
         "first_divergence": None,
+        "threshold": 10.0,
+        "checkers": ["allclose", "md5", "overflow"],
+        "warnings": [],
     }
-    bad = frame[frame["verdict"].isin(["warning", "error"])].sort_values(["step", "rank", "order"])
-    if len(bad):
-        r = bad.iloc[0]
-        summary["first_divergence"] = {
-            "name": r["device_name"], "op": r["op"], "module": r["module"], "phase": r["phase"],
-            "step": int(r["step"]), "rank": int(r["rank"]), "index": int(r["order"]),
-        }
+    if root is not None:
+        summary["first_divergence"] = {"step": root.step, "rank": root.rank, "name": root.name, "index": root.index}
+    else:
+        bad = frame[frame["verdict"].isin(["warning", "error"])].sort_values(["step", "rank", "order"])
+        if len(bad):
+            r = bad.iloc[0]
+            summary["first_divergence"] = {"step": int(r["step"]), "rank": int(r["rank"]),
+                                           "name": r["device_name"], "index": int(r["order"])}
+    summary["diverged"] = root is not None or summary["n_error"] > 0
     return summary
 
 
@@ -206,3 +217,62 @@ def make_result() -> Callable[..., CompareResult]:
 def compare_result() -> CompareResult:
     """A matmul root cause at ``layers.1.mlp.fc1``."""
     return build_result("matmul")
+
+
+def big_result(n_rows: int) -> CompareResult:
+    """The matmul result tiled over steps until it has ``n_rows`` rows (for size tests)."""
+    base = build_result("matmul")
+    per = len(base.rows)
+    frames = []
+    for i in range(n_rows // per + 1):
+        f = base.rows.copy()
+        f["step"] = i
+        frames.append(f)
+    rows = pd.concat(frames, ignore_index=True).iloc[:n_rows].reset_index(drop=True)
+    return CompareResult(rows=rows, summary=summarize(rows, base.root_cause), root_cause=base.root_cause,
+                         suspects=base.suspects)
+
+
+def agreeing_result() -> CompareResult:
+    """Two runs that agree: every row passes, no suspects."""
+    frame, _, _ = make_rows(None)
+    frame = frame[frame["match"] != "unmatched"].reset_index(drop=True)
+    frame["verdict"] = "pass"
+    frame["reason"] = ""
+    frame["checker"] = ""
+    return CompareResult(rows=frame, summary=summarize(frame, None))
+
+
+def empty_result() -> CompareResult:
+    """Nothing compared: no rows at all."""
+    frame = pd.DataFrame(columns=["device_name", "bench_name", "verdict", "match", "step", "rank", "order"])
+    return CompareResult(rows=frame, summary=summarize(frame, None))
+
+
+@pytest.fixture
+def agreeing() -> CompareResult:
+    return agreeing_result()
+
+
+@pytest.fixture
+def empty() -> CompareResult:
+    return empty_result()
+
+
+@pytest.fixture(scope="session")
+def big() -> CompareResult:
+    """100,000 rows (shared by the size tests; reporters must not modify it)."""
+    return big_result(100_000)
+
+
+@pytest.fixture(scope="session")
+def real_compare(tmp_path_factory: pytest.TempPathFactory) -> CompareResult:
+    """A real ``torchparity.compare`` of two synthetic tensor dumps: a x1.01 fault planted at
+    ``layers.1.act``'s gelu and an extra op on the device side. Skipped when the compare engine
+    is not installed."""
+    api = pytest.importorskip("torchparity.compare.api")
+    testing = pytest.importorskip("torchparity.compare._testing")
+    root = tmp_path_factory.mktemp("real_compare")
+    dev = testing.mlp_stack_dump(root / "dev", "tensor", fault=("layers.1.act", 1.01), extra_op="layers.2")
+    ben = testing.mlp_stack_dump(root / "ben", "tensor")
+    return api.compare(dev, ben, formats=[])

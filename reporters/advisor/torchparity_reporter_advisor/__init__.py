@@ -111,7 +111,14 @@ FAMILIES: tuple[Family, ...] = (
         "    torch.backends.cuda.matmul.allow_tf32 = False            # and torch.set_float32_matmul_precision(\"highest\")\n"
         "    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False\n"
         "    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False\n"
-        "On Ascend, HF32 is the analogue of TF32: torch.npu.matmul.allow_hf32 = False.",
+        "On Ascend (torch_npu), HF32 is the analogue of TF32 and the ACL precision mode decides whether "
+        "float32 matmuls may run in float16:\n"
+        "    torch.npu.matmul.allow_hf32 = False\n"
+        "    torch_npu.npu.set_option({\"ACL_PRECISION_MODE\": \"must_keep_origin_dtype\"})   # not allow_fp32_to_fp16\n"
+        "On Moore Threads MUSA: torch.backends.mudnn.allow_tf32 = False. MetaX MACA follows the CUDA "
+        "switches above. torchparity records these switches in each dump header (header.json, "
+        "backend.numerics): compare them between the two dumps, or pin them in plugins.yaml "
+        "(backends.options.<backend>).",
         "If the error disappears with those switches off, the kernel is fine and the difference is the "
         "precision mode: decide whether your training tolerates it.",
         "A long inner (reduction) dimension accumulates more rounding: compare the output error with "
@@ -124,7 +131,8 @@ FAMILIES: tuple[Family, ...] = (
         "    torch.backends.cudnn.allow_tf32 = False\n"
         "    torch.backends.cudnn.benchmark = False\n"
         "    torch.backends.cudnn.deterministic = True\n"
-        "On Ascend: torch.npu.conv.allow_hf32 = False.",
+        "On Ascend: torch.npu.conv.allow_hf32 = False (and ACL_PRECISION_MODE must_keep_origin_dtype, as "
+        "for matmul); on MUSA: torch.backends.mudnn.allow_tf32 = False.",
         "Check padding mode, dilation, groups and the memory format (channels_last) on both sides.",
     ),
     _fam(
@@ -293,7 +301,8 @@ class _Doc:
             if para.startswith("    "):  # code: never wrapped
                 self.lines.append(indent + para)
             else:
-                self.lines += textwrap.wrap(para, self.width, initial_indent=indent, subsequent_indent=indent) or [""]
+                self.lines += textwrap.wrap(para, self.width, initial_indent=indent, subsequent_indent=indent,
+                                            break_on_hyphens=False, break_long_words=False) or [""]
 
     def bullet(self, text: str, mark: str = "- ") -> None:
         pad = " " * len(mark)
@@ -302,7 +311,8 @@ class _Doc:
             if para.startswith("    "):
                 self.lines.append(pad + para)
                 continue
-            wrapped = textwrap.wrap(para, self.width, initial_indent=mark if first else pad, subsequent_indent=pad)
+            wrapped = textwrap.wrap(para, self.width, initial_indent=mark if first else pad, subsequent_indent=pad,
+                                    break_on_hyphens=False, break_long_words=False)
             self.lines += wrapped or [""]
             first = False
 
@@ -363,13 +373,45 @@ def _row_label(r: Mapping[str, Any]) -> str:
 
 
 def _count(summary: Mapping[str, Any], rows: pd.DataFrame | None, key: str, verdict: str) -> int:
+    """A verdict count from the summary (``n_unmatched`` may be split into device/bench) or the rows."""
     if key in summary and summary[key] is not None:
         return _int(summary[key])
+    if verdict == "unmatched" and ("n_unmatched_device" in summary or "n_unmatched_bench" in summary):
+        return _int(summary.get("n_unmatched_device")) + _int(summary.get("n_unmatched_bench"))
     if rows is None or len(rows) == 0:
         return 0
     if verdict == "unmatched":
         return int(rows["match"].astype(object).eq("unmatched").sum()) if "match" in rows.columns else 0
     return int(rows["verdict"].astype(object).eq(verdict).sum()) if "verdict" in rows.columns else 0
+
+
+def first_divergence(summary: Mapping[str, Any], rows: pd.DataFrame | None, root: Suspect | None) -> dict[str, Any]:
+    """``summary["first_divergence"]`` completed with op, module and phase (from the root cause or
+    the rows: the compare engine records only name, step, rank and index)."""
+    fd = summary.get("first_divergence")
+    if not fd:
+        return {}
+    if not isinstance(fd, Mapping):
+        return {"name": str(fd)}
+    out = dict(fd)
+    keys = ("op", "module", "phase")
+    if root is not None and out.get("name") == root.name:
+        for k in keys:
+            if not out.get(k):
+                out[k] = getattr(root, k, None)
+    missing = [k for k in keys if not out.get(k)]
+    if missing and rows is not None and len(rows) and "device_name" in rows.columns and out.get("name"):
+        m = rows["device_name"].astype(object).eq(out["name"]).to_numpy(dtype=bool)
+        for k in ("step", "rank"):
+            if k in rows.columns and out.get(k) is not None:
+                m = m & rows[k].eq(out[k]).to_numpy(dtype=bool)
+        hit = rows[m]
+        if len(hit):
+            r = hit.iloc[0].to_dict()
+            for k in missing:
+                if _get(r, k):
+                    out[k] = r[k]
+    return out
 
 
 def _replay_case(summary: Mapping[str, Any], rc: Suspect | None) -> str | None:
@@ -436,7 +478,7 @@ def advise(result: CompareResult, *, top_suspects: int = 5, max_errors: int = 10
             d.p(f"No divergence: all {n_pass} compared tensors agree within tolerance. {counts}.")
 
     # ---- where ------------------------------------------------------------------------------
-    fd = summary.get("first_divergence")
+    fd = first_divergence(summary, rows, rc)
     if rc is not None or fd:
         d.h("Where it diverged")
         if isinstance(fd, Mapping) and fd:

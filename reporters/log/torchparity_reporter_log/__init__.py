@@ -111,9 +111,15 @@ def _val(row: Mapping[str, Any], key: str) -> Any:
 
 
 def _count(summary: Mapping[str, Any], rows: pd.DataFrame | None, key: str, verdict: str) -> int:
+    """A verdict count from the summary (``n_unmatched`` may be split into device/bench) or the rows."""
     if summary.get(key) is not None:
         try:
             return int(summary[key])
+        except (TypeError, ValueError):
+            pass
+    if verdict == "unmatched" and ("n_unmatched_device" in summary or "n_unmatched_bench" in summary):
+        try:
+            return int(summary.get("n_unmatched_device") or 0) + int(summary.get("n_unmatched_bench") or 0)
         except (TypeError, ValueError):
             pass
     if rows is None or len(rows) == 0:
@@ -121,6 +127,35 @@ def _count(summary: Mapping[str, Any], rows: pd.DataFrame | None, key: str, verd
     if verdict == "unmatched":
         return int(rows["match"].astype(object).eq("unmatched").sum()) if "match" in rows.columns else 0
     return int(rows["verdict"].astype(object).eq(verdict).sum()) if "verdict" in rows.columns else 0
+
+
+def first_divergence(summary: Mapping[str, Any], rows: pd.DataFrame | None, root: Any) -> dict[str, Any]:
+    """``summary["first_divergence"]`` completed with op, module and phase (from the root cause or
+    the rows: the compare engine records only name, step, rank and index)."""
+    fd = summary.get("first_divergence")
+    if not fd:
+        return {}
+    if not isinstance(fd, Mapping):
+        return {"name": str(fd)}
+    out = dict(fd)
+    keys = ("op", "module", "phase")
+    if root is not None and out.get("name") == root.name:
+        for k in keys:
+            if not out.get(k):
+                out[k] = getattr(root, k, None)
+    missing = [k for k in keys if not out.get(k)]
+    if missing and rows is not None and len(rows) and "device_name" in rows.columns and out.get("name"):
+        m = rows["device_name"].astype(object).eq(out["name"]).to_numpy(dtype=bool)
+        for k in ("step", "rank"):
+            if k in rows.columns and out.get(k) is not None:
+                m = m & rows[k].eq(out[k]).to_numpy(dtype=bool)
+        hit = rows[m]
+        if len(hit):
+            r = hit.iloc[0].to_dict()
+            for k in missing:
+                if _val(r, k):
+                    out[k] = r[k]
+    return out
 
 
 class LogReporter(Reporter):
@@ -213,18 +248,22 @@ class LogReporter(Reporter):
         grid.add_row("verdicts", counts)
         if summary.get("device_dump") or summary.get("bench_dump"):
             grid.add_row("compared", f"{summary.get('device_dump', '?')}  vs  {summary.get('bench_dump', '?')}")
-        fd = summary.get("first_divergence")
-        if isinstance(fd, Mapping) and fd:
+        fd = first_divergence(summary, rows, rc)
+        if fd:
+            bits = [str(fd.get("name") or fd.get("op") or "?")]
+            if fd.get("op") and fd.get("op") != fd.get("name"):
+                bits.append(f"({fd['op']})")
+            if fd.get("module"):
+                bits.append(f"module '{fd['module']}'")
             where = ", ".join(f"{k} {fd[k]}" for k in ("step", "rank") if fd.get(k) is not None)
-            grid.add_row("first divergence", f"{fd.get('name') or fd.get('op', '?')} ({fd.get('op', '')}) "
-                         f"module '{fd.get('module', '')}', {where}".replace(" ()", ""))
-        elif fd:
-            grid.add_row("first divergence", str(fd))
+            grid.add_row("first divergence", " ".join(bits) + (f", {where}" if where else ""))
         if rc is not None:
             grid.add_row("root cause", Text(f"{rc.name} ({rc.op}) module '{rc.module or '<top level>'}', "
                                             f"step {rc.step}, rank {rc.rank}, {rc.phase}", style="bold red"))
             grid.add_row("why", f"input error {fmt(rc.input_error)} -> output error {fmt(rc.output_error)} "
-                                f"(x{fmt(rc.score)})" + (f": {rc.reason}" if rc.reason else ""))
+                                f"(amplified x{fmt(rc.score)})")
+            if rc.reason:
+                grid.add_row("analysis", rc.reason)
         elif n["error"]:
             grid.add_row("root cause", Text("none named; see the error rows below", style="red"))
         if n["unmatched"]:
@@ -258,15 +297,27 @@ class LogReporter(Reporter):
             title = f"First {min(limit, len(bad))} of {len(bad)} {which} rows"
             t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
             metric_cols = [c for c in ("rel_l2", "cosine", "max_abs_err", "norm_rel_diff") if c in rows.columns
-                           and rows[c].notna().any()][:3]
-            ratios = {"tensor": 3, "module": 2, "reason": 3}
-            for col in ["tensor", "module", "step/rank", *metric_cols, "reason"]:
-                t.add_column(col, justify="right" if col in metric_cols else "left", overflow="fold",
-                             ratio=ratios.get(col), no_wrap=col in metric_cols or col == "step/rank")
-            for r in bad.head(limit).to_dict("records"):
+                           and rows[c].notna().any()][:2]
+            shown = bad.head(limit).to_dict("records")
+            names = []
+            for r in shown:
                 name = f"{_val(r, 'device_name') or _val(r, 'bench_name') or '?'}"
                 if _val(r, "tensor"):
                     name += f".{r['tensor']}"
+                names.append(name)
+            # record names are what people search for: keep them on one line where they fit
+            name_width = min(max((len(x) for x in names), default=6), max(24, console.width - 80))
+            for col in ["tensor", "module", "step/rank", *metric_cols, "reason"]:
+                kw: dict[str, Any] = {"justify": "right" if col in metric_cols else "left", "overflow": "fold",
+                                      "no_wrap": col in metric_cols or col == "step/rank"}
+                if col == "tensor":
+                    kw["min_width"] = name_width
+                elif col == "module":
+                    kw["ratio"] = 1
+                elif col == "reason":
+                    kw.update(ratio=2, min_width=24)
+                t.add_column(col, **kw)
+            for name, r in zip(names, shown):
                 t.add_row(name, str(_val(r, "module") or ""),
                           f"{_val(r, 'step') if _val(r, 'step') is not None else '-'}/{_val(r, 'rank') if _val(r, 'rank') is not None else '-'}",
                           *[fmt(_val(r, c), ".6f" if c == "cosine" else ".3g") for c in metric_cols],
