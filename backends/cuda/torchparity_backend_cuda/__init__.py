@@ -261,7 +261,7 @@ class CudaBackend(DeviceBackend):
                 sw["preferred_blas_library"] = str(blas()).split(".")[-1]
             except Exception:
                 pass
-        fp32p = getattr(m, "fp32_precision", None)  # torch >= 2.9 new TF32 API
+        fp32p = _safe_getattr(m, "fp32_precision")  # torch >= 2.9 new TF32 API
         if fp32p is not None:
             sw["matmul_fp32_precision"] = str(fp32p)
         return sw
@@ -374,10 +374,19 @@ def _fp32_precision_objects() -> list[tuple[str, Any]]:
     for path in _FP32_PRECISION_PATHS:
         obj: Any = torch.backends
         for part in filter(None, path.split(".")):
-            obj = getattr(obj, part, None)
-        if obj is not None and hasattr(obj, "fp32_precision"):
+            obj = _safe_getattr(obj, part)
+        if obj is not None and _safe_getattr(obj, "fp32_precision") is not None:
             found.append((path, obj))
     return found
+
+
+def _safe_getattr(obj: Any, name: str) -> Any:
+    """getattr(obj, name, None) for torch.backends objects, whose __getattr__ on torch < 2.9
+    raises AssertionError ("Unknown attribute") rather than AttributeError."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
 
 
 def _fp32_precision_snapshot() -> dict[str, str]:

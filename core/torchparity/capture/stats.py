@@ -22,6 +22,13 @@ def _acc_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
+def _aminmax(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        return torch.aminmax(t)
+    except RuntimeError:  # e.g. torch < 2.2 has no CPU aminmax for float16
+        return torch.aminmax(t.float())
+
+
 def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
     """``[max, min, mean, norm, nan_count, inf_count]`` as a float tensor on ``t``'s device.
 
@@ -33,7 +40,7 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
     t = t.detach()
     if t.dtype.is_floating_point:
         acc = _acc_dtype(t)
-        mn, mx = torch.aminmax(t)
+        mn, mx = _aminmax(t)
         mean = t.mean(dtype=acc)
         norm = torch.linalg.vector_norm(t, dtype=acc)
         nan = torch.isnan(t).sum()
