@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _read_baseline(root: Path) -> float:
@@ -81,6 +82,68 @@ def main() -> None:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text("\n".join(lines))
         print("\n".join(lines))
+
+
+def msprobe_stats_dump(root: Path, n_records: int, *, seed: int = 0, fault_at: int | None = None,
+                       factor: float = 1.5) -> Path:
+    """The same synthetic pair as :func:`bulk_stats_dump`, in msprobe's statistics format:
+    ``step0/rank0/{dump.json, stack.json, construct.json}``; one API call per record
+    (``Functional.linear`` / ``Torch.add`` / ``Functional.gelu`` / ``Tensor.__mul__``), one input
+    and one output each, a planted x``factor`` from ``fault_at`` on."""
+    import random
+
+    rnd = random.Random(seed)
+    d = root / "step0" / "rank0"
+    d.mkdir(parents=True, exist_ok=True)
+    apis = ["Functional.linear", "Torch.add", "Functional.gelu", "Tensor.__mul__"]
+    counters: dict[str, int] = {}
+    data: dict[str, Any] = {}
+    construct: dict[str, Any] = {}
+    stack: dict[str, Any] = {}
+    norm, scale = 10.0, 1.0
+
+    def desc(st: dict[str, float]) -> dict[str, Any]:
+        return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [16, 64], "requires_grad": True,
+                "Max": st["max"], "Min": st["min"], "Mean": st["mean"], "Norm": st["norm"]}
+
+    for i in range(n_records):
+        api = apis[i % 4]
+        cnt = counters.get(api, 0)
+        counters[api] = cnt + 1
+        name = f"{api}.{cnt}.forward"
+        in_st = {"max": 3.0 * scale, "min": -3.0 * scale, "mean": 0.01 * scale, "norm": norm * scale}
+        if fault_at is not None and i == fault_at:
+            scale *= factor
+        norm_out = 10.0 * (1 + 0.1 * rnd.random())
+        out_st = {"max": 3.0 * scale, "min": -3.0 * scale, "mean": 0.01 * scale, "norm": norm * scale}
+        norm = norm_out
+        data[name] = {"input_args": [desc(in_st)], "input_kwargs": {}, "output": [desc(out_st)]}
+        construct[name] = None
+        if i < 100:
+            stack[str(i)] = [[name], [f"train.py:{i} in step"]]
+    (d / "dump.json").write_text(json.dumps({"task": "statistics", "level": "L1", "framework": "pytorch",
+                                             "dump_data_dir": None, "data": data}))
+    (d / "construct.json").write_text(json.dumps(construct))
+    (d / "stack.json").write_text(json.dumps(stack))
+    return root
+
+
+def _msprobe_compare(dev: Path, bench: Path, out: Path) -> tuple[float | None, str]:
+    """Time ``msprobe compare`` (its CLI, in /work/bench-venv) on one rank's dump.json pair."""
+    exe = Path("/work/bench-venv/bin/msprobe")
+    if not exe.exists():
+        return None, "msprobe not measured: /work/bench-venv/bin/msprobe does not exist."
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [str(exe), "compare", "-tp", str(dev / "step0" / "rank0" / "dump.json"),
+           "-gp", str(bench / "step0" / "rank0" / "dump.json"), "-o", str(out)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    t = time.perf_counter() - t0
+    files = sorted(p.name for p in out.iterdir())
+    if r.returncode != 0 or not files:
+        tail = (r.stdout + r.stderr).strip().splitlines()[-5:]
+        return None, f"msprobe compare failed (exit {r.returncode}): " + " | ".join(tail)
+    return t, f"wrote {', '.join(files)}"
 
 
 def _msprobe_note() -> str:
