@@ -53,9 +53,11 @@ def grads(ctx: click.Context, run_a: str, run_b: str, output_dir: str | None, ra
     fd = res.first_drift
     if fd is None:
         msg = "no gradient direction drift"
-        if s["n_warning"]:
-            w = res.rows[res.rows["verdict"] == "warning"].sort_values(["step", "cosine"]).iloc[0]
-            msg += f" (lowest-cosine warning: step {int(w['step'])} {w['param']}, cosine {w['cosine']:.6f})"
+        judged = res.rows[res.rows["verdict"] != "skip"]
+        if len(judged):
+            w = judged.sort_values(["cosine", "step"], kind="stable").iloc[0]
+            msg += (f" (lowest cosine {w['cosine']:.6f}: step {int(w['step'])}, rank {int(w['rank'])}, {w['param']}"
+                    + (f"; {s['n_warning']} warning(s)" if s["n_warning"] else "") + ")")
         click.echo(msg)
     else:
         what = "parameter values differ" if fd.get("kind") == "parameter" else "gradient direction drifts"
