@@ -369,17 +369,24 @@ def test_dump_stays_callable_after_submodule_imports(tmp_path: Path) -> None:
     assert (tmp_path / "d" / "step0" / "rank0" / "records.jsonl").exists()
 
 
-def test_dumping_again_into_the_same_directory_replaces_the_earlier_run(tmp_path: Path) -> None:
-    script = textwrap.dedent(f"""
-        import torchparity
-        from torchparity.toymodels import make_model, make_batches, train
-        with torchparity.dump({str(tmp_path / 'd')!r}, level="api"):
-            train(make_model(), make_batches(int(__import__('sys').argv[1])))
-    """)
-    for n_steps in (3, 2):  # the second run is shorter: no stale step2 may remain
-        p = subprocess.run([sys.executable, "-c", script, str(n_steps)], capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stderr
-    assert "replaced by this run" in p.stderr
+def test_dumping_again_into_the_same_directory_replaces_the_earlier_run(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    from torchparity.dump import writer
+
+    def run(n_steps: int) -> None:
+        writer._OPENED_IN_THIS_PROCESS.clear()  # what a new process starts with
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torchparity.dump(str(tmp_path / "d"), level="api"):
+            for _ in range(n_steps):
+                model(torch.ones(2, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+
+    run(3)
+    with caplog.at_level("WARNING", logger="torchparity"):
+        run(2)  # shorter: no stale step2 may remain
+    assert "replaced by this run" in caplog.text
     assert sorted(x.name for x in (tmp_path / "d").iterdir() if x.is_dir()) == ["step0", "step1"]
     recs = read_records(tmp_path / "d")
     assert len({r["id"] for r in recs}) == len(recs)
