@@ -116,6 +116,23 @@ def test_manual_steps_and_accumulation(tmp_path, runs):
     assert a.stats[:, 1] == pytest.approx(2 * b.stats[:, 1], rel=1e-5)
 
 
+def test_fallback_without_post_accumulate_hook(tmp_path, runs):
+    """torch < 2.1 has no register_post_accumulate_grad_hook: gradients are read when the step closes."""
+    model = make_model(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = GradMonitor(model, tmp_path / "fallback", optimizer=opt)
+    mon.uses_hooks = False
+    with mon:
+        for x, y in make_batches(STEPS):
+            logits = model(x)
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad()
+    assert len(mon.written) == STEPS
+    res = compare_runs(tmp_path / "fallback", runs["a"])
+    assert res.first_drift is None and (res.rows["cosine"] == 1.0).all()
+
+
 def test_sketch_estimates_cosine():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 100, generator=g)
