@@ -348,8 +348,8 @@ class _Tracker(_EngineNanInfTracker):
     """The engine's NaN/Inf tracker with manual steps and a half-open step window."""
 
     def __init__(self, facade: "NanInfTracker", **kw: Any) -> None:
+        self.facade = facade  # before the engine's first _reset_step
         super().__init__(**kw)
-        self.facade = facade
 
     def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._in_optimizer = False  # torch_musa: steps advance on step() only
