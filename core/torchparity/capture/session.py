@@ -110,9 +110,17 @@ class CaptureSession:
         self._pending_bytes = 0
         self._tensor_seq = 0
         self._filter_count = 0
-        self._in_range = options.op_range is None
+        self._in_range = options.op_range is None or options.op_range[0] is None
         self._range_done = False
+        self._seq_counters: dict[str, int] = {}  # "fwd"/"bwd" -> api/module records numbered so far (all steps)
         self._ops = compile_patterns(options.ops)
+        # ops entries "seq:<sequence name>" select single ops; they can only be decided once numbered
+        self._seq_ops = {p[4:] for p in options.ops or [] if p.startswith("seq:")}
+        if not self._ops:  # only "seq:" entries
+            self._ops = None
+        # with sequence names, the ops filter is applied after numbering, so that a name such as
+        # "torch.relu.3.fwd" means the same op whatever ops are selected
+        self._defer_ops = bool(self._seq_ops) or options.seq_names
         self._exclude = compile_patterns(options.exclude_ops)
         self._scope = compile_patterns([s if any(c in s for c in "*?[") or s.startswith("re:") else s + "*" for s in options.scope] if options.scope else None)
         self._rank = current_rank()
@@ -187,24 +195,49 @@ class CaptureSession:
             return False
         if self._scope is not None and not matches(self._scope, module):
             return False
-        if self._ops is not None and not matches(self._ops, name_base, op):
+        if self._ops is not None and not self._defer_ops and not matches(self._ops, name_base, op):
             return False
         if self._exclude is not None and matches(self._exclude, name_base, op):
             return False
         return True
 
-    def _range_and_skip(self, name: str) -> bool:
+    @staticmethod
+    def _is(name: str, seq_name: str | None, bound: str) -> bool:
+        return name == bound or name.startswith(bound + ".") or (seq_name is not None and seq_name == bound)
+
+    def seq_name(self, op: str, level: str, phase: str) -> str | None:
+        """Number an api/module record in execution order, per direction, across the whole dump:
+        ``<API>.<n>.<fwd|bwd>`` (``torch.nn.Conv1d.6.fwd``, ``torch.relu.7.fwd``; from 0). Module
+        classes of ``torch.nn`` are spelled ``torch.nn.<Class>``. None for aten records."""
+        if level not in ("api", "module"):
+            return None
+        d = "bwd" if phase == "backward" else "fwd"
+        n = self._seq_counters.get(d, 0)
+        self._seq_counters[d] = n + 1
+        api = op
+        if level == "module" and "." not in op and isinstance(getattr(torch.nn, op, None), type):
+            api = f"torch.nn.{op}"
+        return f"{api}.{n}.{d}"
+
+    def _range_and_skip(self, name: str, seq_name: str | None = None, base: str = "", op: str = "") -> bool:
         o = self.options
+        if self._defer_ops and (self._ops is not None or self._seq_ops) \
+                and not (self._ops is not None and matches(self._ops, base, op)) \
+                and not (seq_name is not None and seq_name in self._seq_ops):
+            return False
         if o.op_range is not None:
+            first, last = o.op_range
             if self._range_done:
                 return False
             if not self._in_range:
-                if name == o.op_range[0] or name.startswith(o.op_range[0] + "."):
+                if self._is(name, seq_name, first):
                     self._in_range = True
                 else:
                     return False
-            if name == o.op_range[1] or name.startswith(o.op_range[1] + "."):
+            if last is not None and self._is(name, seq_name, last):
                 self._range_done = True
+                if o.op_range_end == "exclusive":
+                    return False
         if o.skip > 1:
             self._filter_count += 1
             if (self._filter_count - 1) % o.skip:
@@ -276,12 +309,15 @@ class CaptureSession:
         counter = self._counter(f"{prefix}.{base}.{phase}")
         if name is None:
             name = f"{prefix}.{base}.{counter}.{phase}"
-        if not self._range_and_skip(name):
+        seq = self.seq_name(op, level, phase)
+        if not self._range_and_skip(name, seq, base, op):
             self.last_filtered_name = name
             return None
         rid = self._next_id
         self._next_id += 1
         stack = self._stacks.current() if self._stacks is not None and phase != "backward" else None
+        if seq is not None and self.options.seq_names:
+            flags = {**(flags or {}), "seq_name": seq}
         return OpRecord(id=rid, name=name, op=op, level=level, phase=phase, module=module,
                         call_index=self._call_index(module, op, phase), step=self.step, rank=self._rank,
                         module_class=module_class, fwd=fwd, stack=stack, flags=flags or {})

@@ -30,8 +30,10 @@ class DumpOptions:
     ops: list[str] | None = None  # include patterns on name / op / base name (fnmatch, or "re:..." regex)
     exclude_ops: list[str] | None = None
     scope: list[str] | None = None  # module path patterns; ops outside are not recorded
-    op_range: list[str] | None = None  # [first, last] record names: record from first through last
-    skip: int = 1  # record every N-th op that passes the other filters
+    op_range: list[str | None] | None = None  # [first, last] record or sequence names; None = open end
+    op_range_end: str = "inclusive"  # inclusive: [first, last]; exclusive: [first, last) (MetaX recorder)
+    skip: int = 1  # record every N-th op that passes the other filters (0 or 1: every op)
+    seq_names: bool = False  # store each api/module record's sequence name ("torch.nn.Conv1d.6.fwd") in flags
     stack: bool | None = None  # record call stacks (default: on for module/api/mix, off for aten)
     params: bool = True  # module level: record parameters and parameter gradients
     backward: bool = True  # capture backward ops / gradients
@@ -55,10 +57,15 @@ class DumpOptions:
         bad_io = set(self.io or []) - {"input", "output"}
         if bad_io:
             raise UsageError(f"io: unknown value(s) {sorted(bad_io)}; use input and/or output")
-        if self.skip < 1:
-            raise UsageError("skip must be >= 1 (record every N-th op)")
-        if self.op_range is not None and len(self.op_range) != 2:
-            raise UsageError("op_range takes two record names: [first, last]")
+        if not isinstance(self.skip, int) or self.skip < 0:
+            raise UsageError("skip must be an int >= 0 (record every N-th op; 0 or 1 = every op)")
+        if self.op_range is not None:
+            if not isinstance(self.op_range, (list, tuple)) or len(self.op_range) != 2 \
+                    or not all(x is None or (isinstance(x, str) and x) for x in self.op_range):
+                raise UsageError("op_range takes two record names: [first, last] (None = no bound)")
+            self.op_range = list(self.op_range)
+        if self.op_range_end not in ("inclusive", "exclusive"):
+            raise UsageError(f"op_range_end must be inclusive or exclusive (got {self.op_range_end!r})")
         if self.stack is None:
             self.stack = self.level != "aten"
 
@@ -73,13 +80,40 @@ class DumpOptions:
 # ---- pattern matching -------------------------------------------------------------------------
 
 
+SEQ_NAME = re.compile(r"^(?P<api>.+)\.(?P<n>\d+)\.(?P<dir>fwd|bwd)$")
+
+
+def api_family(name: str) -> str:
+    """The API family of a name: last dotted part, without in-place/dunder decoration, lower case
+    (``torch.relu_``, ``Tensor.relu``, ``ReLU``, ``F.relu_`` → ``relu``; ``prelu``, ``relu6`` stay)."""
+    base = name.rsplit(".", 1)[-1]
+    if base.startswith("__") and base.endswith("__"):
+        base = base[2:-2]
+        if base.startswith("i") and base[1:] in ("add", "sub", "mul", "truediv", "floordiv", "and", "or", "xor",
+                                                 "pow", "mod", "lshift", "rshift", "matmul"):
+            base = base[1:]
+    return base.rstrip("_").lower()
+
+
+def _family_test(family: str) -> Any:
+    fam = family.lower()
+    return lambda n: api_family(n) == fam
+
+
 def compile_patterns(patterns: list[str] | None) -> list[Any] | None:
-    """fnmatch patterns (``aten.mm*``, ``*linear*``) or regexes written ``re:...``."""
+    """fnmatch patterns (``aten.mm*``, ``*linear*``), regexes written ``re:...``, API families
+    written ``family:relu`` (every relu API: torch.relu, torch.relu_, Tensor.relu, nn.ReLU,
+    F.relu_; not prelu or relu6). Sequence names (``seq:torch.nn.Conv1d.6.fwd``) are matched by
+    the capture session after numbering and are left out here."""
     if not patterns:
         return None
     out = []
     for p in patterns:
-        if p.startswith("re:"):
+        if p.startswith("seq:"):
+            continue
+        if p.startswith("family:"):
+            out.append(_family_test(p[len("family:"):]))
+        elif p.startswith("re:"):
             out.append(re.compile(p[3:]).search)
         elif p.startswith("name-regex(") and p.endswith(")"):  # msprobe spelling
             out.append(re.compile(p[len("name-regex("):-1]).search)
