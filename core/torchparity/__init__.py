@@ -33,6 +33,7 @@ _LAZY = {
     "CompareWithCPU": "torchparity.online.compare:CompareWithReference",
     "NanInfTracker": "torchparity.online.naninf:NanInfTracker",
     "replay": "torchparity.online.replay:replay",
+    "GradMonitor": "torchparity.gradients.monitor:GradMonitor",
     "get_registry": "torchparity.plugins:get_registry",
     "TorchparityError": "torchparity.errors:TorchparityError",
     "DeviceBackend": "torchparity.plugin_types:DeviceBackend",

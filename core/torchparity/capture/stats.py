@@ -43,10 +43,15 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
         mn, mx = _aminmax(t)
         mean = t.mean(dtype=acc)
         norm = torch.linalg.vector_norm(t, dtype=acc)
-        nan = torch.isnan(t).sum()
-        inf = torch.isinf(t).sum()
-        return torch.stack([mx.to(acc), mn.to(acc), mean, norm, nan.to(acc), inf.to(acc)]).to(torch.float64) \
-            if acc == torch.float64 else torch.stack([mx.to(acc), mn.to(acc), mean, norm, nan.to(acc), inf.to(acc)])
+        if t.device.type == "cpu" and math.isfinite(mx.item()) and math.isfinite(mn.item()):
+            # On the CPU reading a value costs no device sync. max/min propagate NaN and show
+            # +-Inf, so finite extremes mean there is nothing to count: skip two full passes.
+            nan = inf = torch.zeros((), dtype=acc)
+        else:
+            nan = torch.count_nonzero(torch.isnan(t))
+            inf = torch.count_nonzero(torch.isinf(t))
+        out = torch.stack([mx.to(acc), mn.to(acc), mean, norm, nan.to(acc), inf.to(acc)])
+        return out.to(torch.float64) if acc == torch.float64 else out
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
     acc = torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else torch.float32

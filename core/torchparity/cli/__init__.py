@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "overflow": ("torchparity.cli.overflow_cmd", "overflow"),
     "replay": ("torchparity.cli.replay_cmd", "replay"),
     "demo": ("torchparity.cli.demo_cmd", "demo"),
+    "grads": ("torchparity.cli.grads_cmd", "grads"),
     "info": ("torchparity.cli.info_cmd", "info"),
 }
 
