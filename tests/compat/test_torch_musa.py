@@ -256,16 +256,17 @@ def test_step_control_example(capsys) -> None:
     model = get_your_model()
     open_module_tracker(model)
     with emulate(faults=[FAULT]):
-        with CompareWithCPU(atol=0.001, rtol=0.001, verbose=True, start_step=2, target_op=["aten.addmm"]) as compare_with_cpu:
+        with CompareWithCPU(atol=0.001, rtol=0.001, verbose=True, start_step=5) as compare_with_cpu:
             for epoch in range(2):
-                for step in range(2):
+                for step in range(3):
                     train_step(model)
                     compare_with_cpu.step()
     # only step() advances step_cnt (optimizer.step() ran 4 times too)
-    assert compare_with_cpu.step_cnt == 4 and compare_with_cpu.engine.current_step == 4
-    assert [f.step for f in compare_with_cpu.failures] == [2, 3]
+    assert compare_with_cpu.step_cnt == 6 and compare_with_cpu.engine.current_step == 6
+    assert [f.step for f in compare_with_cpu.failures] == [5]
     out = capsys.readouterr().out
-    assert out.count(ERR) == 2 and "step = 3" in out
+    assert out.count(ERR) == 1 and "step = 5" in out
+    assert out.index("step = 5") < out.index("starts to run")  # nothing compared before step 5
 
 
 def test_end_step_is_exclusive(capsys) -> None:
@@ -307,6 +308,16 @@ def test_enable_ranks(tmp_path, monkeypatch, capsys) -> None:
     assert len(on.failures) == 1 and on.failures[0].rank == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["compare_with_cpu_rank1.log"]
     assert "[ERROR]" in (tmp_path / "compare_with_cpu_rank1.log").read_text()
+    # the seed's example as written, on rank 0
+    monkeypatch.setenv("RANK", "0")
+    model = get_your_model()
+    open_module_tracker(model)
+    with emulate(faults=[FAULT]):
+        with CompareWithCPU(atol=0.001, rtol=0.001, verbose=True, should_log_to_file=True,
+                            output_dir=tmp_path / "path_to_save", enable_ranks=[0]):
+            train(model)
+    assert ERR in (tmp_path / "path_to_save" / "compare_with_cpu_rank0.log").read_text()
+    assert capsys.readouterr().out == ""
 
 
 def test_verbose_changes_output(capsys) -> None:
