@@ -34,14 +34,15 @@ def _rel(diff: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 def numel(shapes: Any) -> np.ndarray:
     """Number of elements per shape tuple (NaN for missing shapes)."""
-    cache: dict[Any, float] = {}
-    out = np.empty(len(shapes), dtype="float64")
-    for i, s in enumerate(shapes):
-        v = cache.get(s) if isinstance(s, tuple) else np.nan
-        if v is None:
-            v = cache[s] = float(math.prod(s))
-        out[i] = v
-    return out
+    import pandas as pd
+
+    arr = pd.Series(list(shapes), dtype=object).to_numpy()
+    if not len(arr):
+        return np.empty(0, dtype="float64")
+    codes, uniq = pd.factorize(arr)  # one product per distinct shape
+    vals = np.array([float(math.prod(s)) if isinstance(s, tuple) else np.nan for s in uniq] + [np.nan],
+                    dtype="float64")
+    return vals[codes]
 
 
 def stat_metrics(d: dict[str, np.ndarray], b: dict[str, np.ndarray], n: np.ndarray) -> dict[str, np.ndarray]:

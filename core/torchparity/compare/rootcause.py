@@ -54,18 +54,21 @@ def judge_dtypes(rows: Any, dtype_override: str | None = None) -> np.ndarray:
     """Per row, the dtype whose rounding bounds the expected error: the lower-precision floating
     dtype of the pair, or ``dtype_override`` when that is lower (a device that emulates bf16 while
     storing float32 tensors is judged against bf16)."""
-    combos: dict[tuple[Any, Any], str] = {}
+    import pandas as pd
+
     dd, bd = rows["device_dtype"].to_numpy(dtype=object), rows["bench_dtype"].to_numpy(dtype=object)
-    out = np.empty(len(rows), dtype=object)
-    for i in range(len(rows)):
-        key = (dd[i], bd[i])
-        v = combos.get(key)
-        if v is None:
-            floating = any(isinstance(x, str) and x in DTYPE_RTOL for x in key)
-            v = pair_dtype(*key, dtype_override) if (dtype_override and floating) else pair_dtype(*key)
-            combos[key] = v
-        out[i] = v
-    return out
+    if not len(dd):
+        return np.empty(0, dtype=object)
+    # one decision per distinct (device dtype, bench dtype) pair (factorized in C, not per row)
+    cd, ud = pd.factorize(dd, use_na_sentinel=False)
+    cb, ub = pd.factorize(bd, use_na_sentinel=False)
+    pair_codes, inverse = np.unique(cd.astype(np.int64) * max(len(ub), 1) + cb, return_inverse=True)
+    vals = np.empty(len(pair_codes), dtype=object)
+    for k, pc in enumerate(pair_codes):
+        key = (ud[pc // max(len(ub), 1)], ub[pc % max(len(ub), 1)])
+        floating = any(isinstance(x, str) and x in DTYPE_RTOL for x in key)
+        vals[k] = pair_dtype(*key, dtype_override) if (dtype_override and floating) else pair_dtype(*key)
+    return vals[inverse.reshape(-1)]
 
 
 def floors(rows: Any, dtype_override: str | None = None) -> np.ndarray:
