@@ -295,3 +295,19 @@ def test_bad_arguments_are_usage_errors(in_tmp, kw):
 def test_gen_report_missing_dir_is_usage_error(in_tmp):
     with pytest.raises(UsageError):
         accuracy.gen_report("nope0", "nope1")
+
+
+def test_process_group_ranks_are_group_ranks(in_tmp):
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{in_tmp / 'store'}", rank=0, world_size=1)
+    try:
+        group = dist.new_group([0])
+        run_net(process_group=group, ranks=[0], output_dir="g")
+        assert len(names("g")[0]) == 16
+        with pytest.raises(UsageError):
+            accuracy.start_record(process_group=group, ranks=[1])  # not in the group of size 1
+    finally:
+        dist.destroy_process_group()
