@@ -311,3 +311,24 @@ def test_process_group_ranks_are_group_ranks(in_tmp):
             accuracy.start_record(process_group=group, ranks=[1])  # not in the group of size 1
     finally:
         dist.destroy_process_group()
+
+
+def test_gen_report_level1_and_ops_on_one_side_only(in_tmp):
+    from openpyxl import load_workbook
+
+    x = torch.randn(8)
+    with accuracy.record(output_dir="d0", record_level=1):
+        torch.exp(x)
+        torch.sin(x)
+    with accuracy.record(output_dir="d1", record_level=1):
+        torch.exp(x * 1.01)  # device1 runs an extra op and gets a 1 % error into exp
+        torch.sin(x)
+    rows = list(load_workbook(accuracy.gen_report("d0", "d1", "rep")).active.values)
+    assert Path("rep", accuracy.REPORT_NAME).is_file()
+    by = {(r[0], r[1]): dict(zip(rows[0], r)) for r in rows[1:]}
+    assert by[("torch.exp.1.fwd", "input.0")]["diff1"] == pytest.approx(0.01, rel=1e-3)
+    assert by[("torch.exp.1.fwd", "input.0")]["diff2"] is None  # no tensors at level 1
+    assert by[("torch.sin.2.fwd", "output.0")]["diff1"] == 0
+    extra = by[("torch.Tensor.mul.0.fwd", "output.0")]
+    assert extra["device0_dtype"] is None and extra["device1_dtype"] == "float32"
+    assert [r[0] for r in rows[1:]].index("torch.Tensor.mul.0.fwd") < [r[0] for r in rows[1:]].index("torch.exp.1.fwd")

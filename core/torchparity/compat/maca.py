@@ -256,6 +256,30 @@ def _export_pt(path: Path) -> None:
 # ---- report --------------------------------------------------------------------------------------
 
 
+class _Side:
+    """Sequence names and call stacks of one recording's records."""
+
+    def __init__(self, path: str) -> None:
+        from ..dump.reader import open_dump
+
+        self.reader = open_dump(path)
+        frame = self.reader.frame()
+        self.meta: dict[tuple[int, int, int], tuple[str, Any]] = {}
+        for step, rank, rid, name, flags, sid in frame[["step", "rank", "record_id", "name", "flags", "stack"]] \
+                .drop_duplicates(["step", "rank", "record_id"]).itertuples(index=False, name=None):
+            self.meta[(int(step), int(rank), int(rid))] = (_seq_of(flags, str(name)), sid)
+        self._stacks: dict[tuple[int, int], dict[int, list[str]]] = {}
+
+    def describe(self, step: int, rank: int, rid: int, fallback: Any) -> tuple[str, str]:
+        seq, sid = self.meta.get((step, rank, rid), (str(fallback), None))
+        if sid is None or sid != sid:
+            return seq, ""
+        if (step, rank) not in self._stacks:
+            self._stacks[(step, rank)] = self.reader.stacks(step, rank)
+        return seq, "\n".join(self._stacks[(step, rank)].get(int(sid), []))
+
+
+
 def gen_report(dir0: str, dir1: str, output_dir: str = "./") -> str:
     """Compare the recordings of device0 (``dir0``, the reference: CUDA or CPU) and device1
     (``dir1``, e.g. MXMACA) and write ``output_dir/maca_accuracy_report.xlsx``: one row per tensor
@@ -267,21 +291,15 @@ def gen_report(dir0: str, dir1: str, output_dir: str = "./") -> str:
     from openpyxl import Workbook
     from openpyxl.styles import Font, PatternFill
 
-    from ..dump.reader import open_dump
-
     for d in (dir0, dir1):
         if not Path(d).exists():
             raise UsageError(f"record directory {d} does not exist")
     stop_record()  # a recording of this process must be complete before it is read
     res = torchparity.compare(dir1, dir0, output_dir=None)
     rows = res.rows
-    reader = open_dump(dir1)
-    frame = reader.frame()
-    meta: dict[tuple[int, int, int], tuple[str, Any]] = {}
-    for step, rank, rid, name, flags, sid in frame[["step", "rank", "record_id", "name", "flags", "stack"]] \
-            .drop_duplicates(["step", "rank", "record_id"]).itertuples(index=False, name=None):
-        meta[(int(step), int(rank), int(rid))] = (_seq_of(flags, str(name)), sid)
-    stack_cache: dict[tuple[int, int], dict[int, list[str]]] = {}
+    if "order" in rows.columns:
+        rows = rows.sort_values("order", kind="stable")
+    sides = {1: _Side(dir1), 0: _Side(dir0)}  # names and stacks of each side's records
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -293,6 +311,7 @@ def gen_report(dir0: str, dir1: str, output_dir: str = "./") -> str:
         c.font = Font(bold=True)
     red = PatternFill("solid", fgColor="FFC7CE")
     rid_col = "d_record_id" if "d_record_id" in rows.columns else "device_record_id"
+    brid_col = "bench_record_id" if "bench_record_id" in rows.columns else "b_record_id"
 
     def num(v: Any) -> Any:
         try:
@@ -304,12 +323,11 @@ def gen_report(dir0: str, dir1: str, output_dir: str = "./") -> str:
     for r in rows.itertuples(index=False):
         if getattr(r, "kind", "tensor") != "tensor":
             continue
-        key = (int(r.step), int(r.rank), int(getattr(r, rid_col)))
-        seq, sid = meta.get(key, (str(r.device_name), None))
-        stack = ""
-        if sid is not None and sid == sid:
-            st = stack_cache.setdefault(key[:2], reader.stacks(*key[:2]))
-            stack = "\n".join(st.get(int(sid), []))
+        d_rid, b_rid = num(getattr(r, rid_col)), num(getattr(r, brid_col))
+        if d_rid is not None and d_rid >= 0:
+            seq, stack = sides[1].describe(int(r.step), int(r.rank), int(d_rid), r.device_name)
+        else:  # only device0 has this op
+            seq, stack = sides[0].describe(int(r.step), int(r.rank), int(b_rid if b_rid is not None else -1), r.bench_name)
         diff1 = num(getattr(r, "rel_l2", None))
         if diff1 is None:
             diff1 = num(getattr(r, "error", None))
