@@ -23,7 +23,7 @@ from ..records import OpRecord
 from .aten_mode import _ALL_OUTPUTS, _OUT_ARG, _OVERWRITING, _UNINITIALIZED_RESULT
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
 from .module_tracker import tag_graph
-from .session import CaptureSession, flat_args, flat_outputs
+from .session import CaptureSession, flat_args, flat_outputs, tool_is_busy
 
 _PASSTHROUGH = frozenset({
     "__get__", "__set__", "__repr__", "__format__", "__str__", "__len__", "__bool__", "__index__",
@@ -145,7 +145,7 @@ class ApiCaptureMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         s = self.session
-        if s.busy or not s.enabled_step:
+        if s.busy or tool_is_busy() or not s.enabled_step:
             return func(*args, **kwargs)
         try:
             info = _cached_classify(func)

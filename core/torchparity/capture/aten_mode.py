@@ -15,6 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import ops as opinfo
+from .session import tool_is_busy
 from .session import CaptureSession, flat_args, flat_outputs
 
 # In-place ops that overwrite their destination without reading it: its old content is
@@ -60,7 +61,7 @@ class AtenCaptureMode(TorchDispatchMode):
         kwargs = kwargs or {}
         s = self.session
         base, op, collective, view, inplace = self._info(func)
-        if s.busy or base in _SKIP or func.namespace == "profiler" or (self.collectives_only and (not collective or s.api_collective_depth)) or not s.enabled_step:
+        if s.busy or tool_is_busy() or base in _SKIP or func.namespace == "profiler" or (self.collectives_only and (not collective or s.api_collective_depth)) or not s.enabled_step:
             return func(*args, **kwargs)
         phase = s.phase()
         module, module_class, fwd, tag = s.module_info()

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import os
+
 import atexit
 import logging
 import weakref
@@ -149,7 +151,10 @@ class Dumper:
             ]
             if "aten" in o.levels:
                 stack.enter_context(AtenCaptureMode(self.session))
-            elif torch.distributed.is_available():
+            elif torch.distributed.is_available() and (torch.distributed.is_initialized()
+                                                       or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1):
+                # collectives only: a distributed run (or one about to be, under torchrun); a
+                # single process skips the per-op dispatch entirely
                 stack.enter_context(AtenCaptureMode(self.session, collectives_only=True))
             if "api" in o.levels:
                 self._api_mode = ApiCaptureMode(self.session)
