@@ -176,8 +176,19 @@ ALL_FWD = ["torch.conv1d.0.fwd", "torch.nn.Conv1d.1.fwd", "torch.nn.functional.r
 
 
 def test_default_records_every_forward_op_in_order(in_tmp):
-    run_net()
-    assert names()[0] == ALL_FWD
+    out = run_net(backward=True)
+    assert names()[0][:16] == ALL_FWD
+    torch.manual_seed(0)
+    net = Net()
+    x = torch.randn(2, 1, 32, requires_grad=True)
+    ref = net(x)
+    ref.sum().backward()
+    assert torch.equal(out, ref)  # recording does not change the numerics
+
+
+def test_unreached_op_range_start_warns(in_tmp, caplog):
+    run_net(op_range=["torch.nn.Conv1d.99.fwd", None])
+    assert "was never reached" in caplog.text
 
 
 def test_record_level(in_tmp):

@@ -134,7 +134,13 @@ class _Recorder:
             self.dumper.flush()
 
     def stop(self) -> None:
+        s = self.dumper.session
+        rng = self.dumper.options.op_range
         self.dumper.stop()
+        if s is not None and rng is not None and not s._in_range:
+            log.warning("maca recorder: op_range start %r was never reached; nothing was recorded "
+                        "(names look like torch.nn.Conv1d.6.fwd; see the .pt names of a recording without op_range)",
+                        rng[0])
         _export_pt(self.path)
 
 
