@@ -33,6 +33,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--msprobe-records", type=int, default=None,
+                    help="records per side of the msprobe-format pair (default: --records; 0 skips msprobe)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "compare.md"))
     a = ap.parse_args()
 
@@ -56,7 +58,7 @@ def main() -> None:
         rc = res.root_cause
         ok = rc is not None and rc.index == int(a.records * 0.6)
         t_cmp, t_read = min(times), min(reads)
-        ms = _msprobe_note()
+        ms = _msprobe_section(tmp, a.records if a.msprobe_records is None else a.msprobe_records)
         lines = [
             "# Benchmark: compare two statistics dumps",
             "",
@@ -146,6 +148,46 @@ def _msprobe_compare(dev: Path, bench: Path, out: Path) -> tuple[float | None, s
     return t, f"wrote {', '.join(files)}"
 
 
+def _msprobe_section(tmp: Path, n: int) -> str:
+    """Time msprobe's compare and torchparity.compare on the same pair in msprobe's format."""
+    import torchparity
+
+    if n <= 0:
+        return "msprobe not measured (--msprobe-records 0)."
+    note = _msprobe_note()
+    if not note.startswith("ok"):
+        return note
+    fault = int(n * 0.6)
+    mb = msprobe_stats_dump(tmp / "ms_bench", n)
+    md = msprobe_stats_dump(tmp / "ms_dev", n, fault_at=fault, factor=1.5)
+    size = (md / "step0" / "rank0" / "dump.json").stat().st_size
+    t_ms, what = _msprobe_compare(md, mb, tmp / "ms_out")
+    t0 = time.perf_counter()
+    res = torchparity.compare(md, mb)
+    t_tp = time.perf_counter() - t0
+    rc = res.root_cause
+    lines = [
+        f"Same synthetic pair written in msprobe's statistics format (step0/rank0/dump.json, stack.json, "
+        f"construct.json; {n} API records per side, {size / 1e6:.1f} MB dump.json each, planted x1.5 at record {fault}). "
+        f"msprobe (mindstudio-probe, /work/bench-venv) runs as `msprobe compare -tp DEV/dump.json -gp BENCH/dump.json -o OUT` "
+        f"(its CLI, timed as a subprocess, so its interpreter start-up is included); torchparity reads the same dump.json files.",
+        "",
+        "| what | time (1 run) | ratio to msprobe |",
+        "|---|---|---|",
+    ]
+    if t_ms is None:
+        lines.append(f"| msprobe compare | failed | - |")
+    else:
+        lines.append(f"| msprobe compare ({what}) | {t_ms:.2f} s | 1.00 |")
+    lines.append(f"| `torchparity.compare` on the msprobe pair | {t_tp:.2f} s | "
+                 f"{(t_tp / t_ms) if t_ms else float('nan'):.3f} |")
+    lines += ["", f"torchparity root cause on the msprobe pair: {rc.name if rc else None} (index {rc.index if rc else None}; "
+              f"planted at {fault}). msprobe's compare has no root cause; it gives each row pass/warning/error."]
+    if t_ms is None:
+        lines += ["", what]
+    return "\n".join(lines)
+
+
 def _msprobe_note() -> str:
     venv = Path("/work/bench-venv/bin/python")
     if not venv.exists():
@@ -154,8 +196,7 @@ def _msprobe_note() -> str:
     if r.returncode != 0:
         return ("msprobe not measured: `pip install mindstudio-probe` into /work/bench-venv failed on this machine "
                 "(no network access to the package index), so the side-by-side comparison could not be run here.")
-    return ("msprobe (mindstudio-probe) installs into /work/bench-venv, but the side-by-side run is not done yet: "
-            "it needs the same pair written in msprobe format (dump.json), which this script does not synthesize yet.")
+    return "ok"
 
 
 if __name__ == "__main__":
