@@ -134,9 +134,13 @@ class AllcloseChecker(Checker):
         # computed in); without it, the lower precision of the two dtypes
         jd = col("judge_dtype", None).to_numpy(dtype=object)
         # one tolerance lookup per distinct (dtypes, op[, name]) combination
-        keys = pd.DataFrame({"d": dd, "b": bd, "j": jd, "o": ops if use_names else "", "n": names if use_names else ""})
-        codes, uniq = pd.factorize(pd.MultiIndex.from_frame(keys.astype(str)))
-        first = pd.Series(np.arange(n)).groupby(codes).first().to_numpy() if n else np.array([], dtype=int)
+        # factorize each key column in C and combine the codes (same groups as the string keys)
+        key = np.zeros(n, dtype=np.int64)
+        for part in ((dd, bd, jd, ops, names) if use_names else (dd, bd, jd)):
+            c, u = pd.factorize(pd.Series(part, dtype=object).astype(str).to_numpy(dtype=object), use_na_sentinel=False)
+            key = key * (len(u) + 1) + c
+        _, first, codes = np.unique(key, return_index=True, return_inverse=True)
+        codes = codes.reshape(-1)
         u_rtol, u_atol, u_dt = np.empty(len(first)), np.empty(len(first)), np.empty(len(first), dtype=object)
         for k, i in enumerate(first):
             dt = jd[i] if isinstance(jd[i], str) and jd[i] in DEFAULT_RTOL else lower_precision(dd[i], bd[i])
@@ -155,9 +159,7 @@ class AllcloseChecker(Checker):
         no_inputs = np.isnan(in_err_raw) & (col("op", "").astype(str).to_numpy() == "parameters_grad")
         norm = np.abs(col("bench_norm").to_numpy(dtype="float64"))
         shapes = col("bench_shape", None).to_numpy(dtype=object)
-        sizes: dict[Any, float] = {}
-        numel = np.array([sizes.setdefault(s, float(math.prod(s))) if isinstance(s, tuple) else np.nan for s in shapes],
-                         dtype="float64")
+        numel = _numel(shapes)
         with np.errstate(divide="ignore", invalid="ignore"):
             atol_rel = np.where(norm > 0, atol * np.sqrt(np.nan_to_num(numel, nan=1.0, posinf=np.inf, neginf=-np.inf)) / norm, np.inf)
         limit = self.options.error_factor * rtol + np.nan_to_num(atol_rel, nan=0.0, posinf=np.inf, neginf=-np.inf)
@@ -188,7 +190,7 @@ class AllcloseChecker(Checker):
                       f"introduced here" for e, l, dt, ie in zip(err[e_], limit[e_], dtypes[e_], in_err[e_])]
         # shape, NaN/Inf, scalar arguments
         ds, bs = col("device_shape", None).to_numpy(dtype=object), col("bench_shape", None).to_numpy(dtype=object)
-        shape_bad = is_tensor & np.array([isinstance(a, tuple) and isinstance(b, tuple) and a != b for a, b in zip(ds, bs)], dtype=bool)
+        shape_bad = is_tensor & _shapes_differ(ds, bs)
         verdict[shape_bad] = "error"
         reason[shape_bad] = [f"shape differs: device {a}, bench {b}" for a, b in zip(ds[shape_bad], bs[shape_bad])]
         nf = is_tensor & col("nonfinite_mismatch", False).fillna(False).to_numpy(dtype=bool)
@@ -252,6 +254,34 @@ class AllcloseChecker(Checker):
             return CheckResult(self.name, "error", f"{nbad} of {d.numel()} elements outside rtol={rtol:g} atol={atol:g} "
                                f"({dtype})", metrics)
         return CheckResult(self.name, "pass", "", metrics)
+
+
+def _numel(shapes: Any) -> Any:
+    """Elements per shape tuple (NaN where the shape is unknown), one product per distinct shape."""
+    import numpy as np
+    import pandas as pd
+
+    arr = pd.Series(list(shapes), dtype=object).to_numpy()
+    if not len(arr):
+        return np.empty(0, dtype="float64")
+    codes, uniq = pd.factorize(arr)
+    vals = np.array([float(math.prod(s)) if isinstance(s, tuple) else np.nan for s in uniq] + [np.nan], dtype="float64")
+    return vals[codes]
+
+
+def _shapes_differ(ds: Any, bs: Any) -> Any:
+    """Per row: both shapes are known tuples and they differ."""
+    import numpy as np
+    import pandas as pd
+
+    n = len(ds)
+    if not n:
+        return np.zeros(0, dtype=bool)
+    both = pd.Series(list(ds) + list(bs), dtype=object).to_numpy()
+    codes, uniq = pd.factorize(both)
+    is_tuple = np.array([isinstance(u, tuple) for u in uniq] + [False], dtype=bool)
+    cd, cb = codes[:n], codes[n:]
+    return is_tuple[cd] & is_tuple[cb] & (cd != cb)
 
 
 def _rel_l2(a: Any, b: Any) -> float:

@@ -285,8 +285,8 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     dr, br = open_dump(dev_path), open_dump(bench_path)
     dw: list[str] = []
     bw: list[str] = []
-    d = read_unit(dr.unit(step, rank), dw)
-    b = read_unit(br.unit(step, rank), bw)
+    d = read_unit(dr.unit(step, rank), dw, compact=True)
+    b = read_unit(br.unit(step, rank), bw, compact=True)
     warnings += [f"device dump: {w}" for w in dw] + [f"bench dump: {w}" for w in bw]
     if not allow_partial:
         from ..dump.reader import damage

@@ -74,8 +74,13 @@ def judge_dtypes(rows: Any, dtype_override: str | None = None) -> np.ndarray:
 def floors(rows: Any, dtype_override: str | None = None) -> np.ndarray:
     """Noise floor per row: :data:`NOISE_FLOOR` of its judge dtype."""
     jd = rows["judge_dtype"].to_numpy(dtype=object) if "judge_dtype" in rows else judge_dtypes(rows, dtype_override)
+    import pandas as pd
+
     table = NOISE_FLOOR
-    return np.array([table.get(x, table["float32"]) for x in jd], dtype="float64")
+    codes, uniq = pd.factorize(pd.Series(list(jd), dtype=object).to_numpy(), use_na_sentinel=False)
+    vals = np.array([table.get(x, table["float32"]) if isinstance(x, str) else table["float32"] for x in uniq],
+                    dtype="float64")
+    return vals[codes] if len(jd) else np.empty(0, dtype="float64")
 
 
 def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, rank: int = 0,
