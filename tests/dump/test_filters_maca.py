@@ -83,3 +83,9 @@ def test_bad_filter_options_are_usage_errors():
         DumpOptions(op_range=["a", 3])
     with pytest.raises(UsageError):
         DumpOptions(op_range_end="open")
+
+
+def test_unselected_ops_still_open_and_close_the_range(tmp_path):
+    df = _run(tmp_path, seq_names=True, ops=["family:relu", "family:sigmoid"],
+              op_range=["torch.matmul.0.fwd", "torch.sigmoid.5.fwd"], op_range_end="exclusive")
+    assert _seqs(df) == ["torch.relu.1.fwd", "torch.Tensor.relu_.2.fwd"]

@@ -221,10 +221,6 @@ class CaptureSession:
 
     def _range_and_skip(self, name: str, seq_name: str | None = None, base: str = "", op: str = "") -> bool:
         o = self.options
-        if self._defer_ops and (self._ops is not None or self._seq_ops) \
-                and not (self._ops is not None and matches(self._ops, base, op)) \
-                and not (seq_name is not None and seq_name in self._seq_ops):
-            return False
         if o.op_range is not None:
             first, last = o.op_range
             if self._range_done:
@@ -238,6 +234,11 @@ class CaptureSession:
                 self._range_done = True
                 if o.op_range_end == "exclusive":
                     return False
+        # deferred ops filter: after the range, so that unselected ops still open and close it
+        if self._defer_ops and (self._ops is not None or self._seq_ops) \
+                and not (self._ops is not None and matches(self._ops, base, op)) \
+                and not (seq_name is not None and seq_name in self._seq_ops):
+            return False
         if o.skip > 1:
             self._filter_count += 1
             if (self._filter_count - 1) % o.skip:
