@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("torchparity.cli.replay_cmd", "replay"),
     "demo": ("torchparity.cli.demo_cmd", "demo"),
     "grads": ("torchparity.cli.grads_cmd", "grads"),
+    "graph": ("torchparity.cli.graph_cmd", "graph"),
     "info": ("torchparity.cli.info_cmd", "info"),
 }
 
