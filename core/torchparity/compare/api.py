@@ -361,7 +361,27 @@ def _check_same_shapes(both: Any, step: int, rank: int) -> None:
 
 def _col(both: Any, name: str) -> Any:
     d, b = both[f"d_{name}"], both[f"b_{name}"]
-    return d.where(d.notna(), b)
+    na = d.isna()
+    return d.where(~na, b) if na.any() else d
+
+
+def _join_dot(a: Any, b: Any) -> Any:
+    """``a + "." + b`` for two string columns of few distinct values: computed once per distinct
+    pair and repeated (same values and dtype as the element-wise concatenation)."""
+    if not len(a):
+        return a + "." + b
+    ca, ua = pd_factorize(a)
+    cb, ub = pd_factorize(b)
+    key = ca.astype(np.int64) * (len(ub) + 1) + cb
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    head = a.iloc[first].reset_index(drop=True) + "." + b.iloc[first].reset_index(drop=True)
+    return type(a)(head.array.take(inv.reshape(-1)), index=a.index)
+
+
+def pd_factorize(x: Any) -> tuple[np.ndarray, Any]:
+    import pandas as pd
+
+    return pd.factorize(x)
 
 
 def _build_rows(both: Any, step: int, rank: int) -> Any:
@@ -374,7 +394,7 @@ def _build_rows(both: Any, step: int, rank: int) -> Any:
     brid = both["b_record_id"].fillna(-1).astype("int64").to_numpy()
     order = _order(rid, brid, both)
     rows = pd.DataFrame({
-        "device_name": both["d_name"], "bench_name": both["b_name"], "tensor": io + "." + arg,
+        "device_name": both["d_name"], "bench_name": both["b_name"], "tensor": _join_dot(io, arg),
         "op": _col(both, "op"), "module": _col(both, "module"), "phase": _col(both, "phase"),
         "level": _col(both, "level"), "step": step, "rank": rank, "order": order, "io": io, "arg": arg,
         "kind": _col(both, "kind"), "match": both["match"].to_numpy(),
