@@ -25,14 +25,14 @@ def test_info_describes_a_dump_and_what_was_lost(tmp_path: Path, capsys: pytest.
         for _ in range(20):
             torch.ones(3).add(1)
     code, text = run_cli(["info", str(d)], capsys)
-    assert code == 0 and "step 0 rank 0: 20 records" in text and "complete" in text
+    assert code == 0 and "step 0 rank 0: 40 records" in text and "complete" in text
     f = d / "step0" / "rank0" / "records.jsonl"
     f.write_bytes(f.read_bytes()[:-40])  # a run killed while writing
     (d / "step0" / "rank0" / "footer.json").unlink()
     code, text = run_cli(["info", str(d), "--json"], capsys)
     info = json.loads(text)
     unit = info["units"][0]
-    assert code == 0 and unit["records"] == 19 and unit["complete"] is False
+    assert code == 0 and unit["records"] == 39 and unit["complete"] is False
     assert any("truncated" in w for w in unit["lost"])
 
 
