@@ -344,11 +344,18 @@ def _check_same_shapes(both: Any, step: int, rank: int) -> None:
     size, another batch): every row would be an error and the root cause meaningless."""
     ds, bs = both["d_shape"].to_numpy(dtype=object), both["b_shape"].to_numpy(dtype=object)
     rid = both["d_record_id"].to_numpy()
-    known = np.array([isinstance(a, tuple) and isinstance(b, tuple) for a, b in zip(ds, bs)], dtype=bool)
+    if not len(ds):
+        return
+    import pandas as pd
+
+    # one type check per distinct shape; equal shapes share a code
+    codes, uniq = metrics.factorize_shapes(pd.Series(list(ds) + list(bs), dtype=object).to_numpy())
+    is_tuple = np.array([isinstance(u, tuple) for u in uniq] + [False], dtype=bool)
+    cd, cb = codes[:len(ds)], codes[len(ds):]
+    known = is_tuple[cd] & is_tuple[cb]
     if not known.any():
         return
-    differs = np.zeros(len(ds), dtype=bool)
-    differs[known] = [a != b for a, b in zip(ds[known], bs[known])]
+    differs = known & (cd != cb)
     recs = np.unique(rid[known])
     bad = np.unique(rid[known & differs])
     if len(recs) >= 4 and len(bad) > 0.5 * len(recs):

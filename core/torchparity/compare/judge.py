@@ -79,4 +79,6 @@ def judge(rows: Any, checkers: Sequence[Checker], mode: str) -> tuple[Any, list[
 def _ranks(v: np.ndarray) -> np.ndarray:
     import pandas as pd
 
-    return pd.Series(v).map(VERDICT_RANK).fillna(0).astype(int).to_numpy()
+    codes, uniq = pd.factorize(np.asarray(v, dtype=object), use_na_sentinel=False)  # one lookup per verdict
+    table = np.array([VERDICT_RANK.get(u, 0) if isinstance(u, str) else 0 for u in uniq], dtype=int)
+    return table[codes] if len(codes) else np.zeros(0, dtype=int)

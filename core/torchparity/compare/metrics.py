@@ -39,10 +39,23 @@ def numel(shapes: Any) -> np.ndarray:
     arr = pd.Series(list(shapes), dtype=object).to_numpy()
     if not len(arr):
         return np.empty(0, dtype="float64")
-    codes, uniq = pd.factorize(arr)  # one product per distinct shape
+    codes, uniq = factorize_shapes(arr)  # one product per distinct shape
     vals = np.array([float(math.prod(s)) if isinstance(s, tuple) else np.nan for s in uniq] + [np.nan],
                     dtype="float64")
     return vals[codes]
+
+
+def factorize_shapes(arr: Any) -> tuple[np.ndarray, Any]:
+    """``pd.factorize`` of an object array of shapes; anything but a tuple (an unhashable list)
+    counts as a missing shape."""
+    import pandas as pd
+
+    try:
+        return pd.factorize(arr)
+    except TypeError:
+        clean = np.empty(len(arr), dtype=object)
+        clean[:] = [s if isinstance(s, tuple) else None for s in arr]
+        return pd.factorize(clean)
 
 
 def stat_metrics(d: dict[str, np.ndarray], b: dict[str, np.ndarray], n: np.ndarray) -> dict[str, np.ndarray]:
