@@ -213,14 +213,19 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         prev_at[o_sorted_idx] = prev_max
         unmatched_orders = np.sort(order[~matched_rec])
         seen: set[int] = set()
-        for rid, g in src.groupby("rid", sort=False):
-            i = int(pos[rid])
-            e = float(g["err"].max())
-            fl = float(g["floor"].max())
-            if not (e >= threshold * fl and e > threshold * prev_at[i]) or i in seen:
+        # per record (first-appearance order): largest error, its row, the floor; only the
+        # records that pass the test are visited in Python
+        gsrc = src.groupby("rid", sort=False)
+        e_all, fl_all, at_all = gsrc["err"].max(), gsrc["floor"].max(), gsrc["err"].idxmax()
+        i_all = pos.reindex(e_all.index).to_numpy().astype(int)
+        ok_all = (e_all.to_numpy() >= threshold * fl_all.to_numpy()) & (e_all.to_numpy() > threshold * prev_at[i_all])
+        for rid, i, e, fl, at in zip(e_all.index[ok_all], i_all[ok_all], e_all.to_numpy()[ok_all],
+                                     fl_all.to_numpy()[ok_all], at_all.to_numpy()[ok_all]):
+            i, e, fl = int(i), float(e), float(fl)
+            if i in seen:
                 continue
             seen.add(i)
-            io = g.loc[g["err"].idxmax()]
+            io = src.loc[at]
             k = np.searchsorted(unmatched_orders, order[i])
             if k > 0:  # an unmatched device op ran before: blame it
                 uo = unmatched_orders[k - 1]
