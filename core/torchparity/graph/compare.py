@@ -30,7 +30,7 @@ def _num(x: Any) -> float | None:
 
 def _rid(x: Any) -> int | None:
     v = _num(x)
-    return None if v is None else int(v)
+    return None if v is None or v < 0 else int(v)  # compare writes -1 for "no record on this side"
 
 
 def _metric(row: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def compare_graphs(device_dump: str | os.PathLike[str], bench_dump: str | os.Pat
     per_rec: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         d, b = _rid(row.get("device_record_id")), _rid(row.get("bench_record_id"))
-        if d is not None and b is not None:
+        if d is not None and b is not None and row.get("match") != "unmatched":
             paired[d] = b
         if d is not None:
             per_rec.setdefault(d, []).append(row)

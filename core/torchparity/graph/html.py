@@ -26,9 +26,31 @@ def write_json(graph: Graph, path: str | os.PathLike[str]) -> Path:
     return p
 
 
+def _compact(data: dict) -> dict:
+    """Smaller page data: empty fields dropped, call stacks stored once (nodes keep an index)."""
+    stacks: dict[tuple[str, ...], int] = {}
+
+    def stack_ref(frames: list[str]) -> int:
+        return stacks.setdefault(tuple(frames), len(stacks))
+
+    nodes = {}
+    for k, n in data["nodes"].items():
+        c = {f: v for f, v in n.items() if f in ("children", "side", "status", "verdict") or v not in (None, "", [], 0, False)}
+        if n.get("stack"):
+            c["stack"] = stack_ref(n["stack"])
+        for call in c.get("calls", []):
+            if call.get("stack"):
+                call["stack"] = stack_ref(call["stack"])
+        nodes[k] = c
+    out = dict(data)
+    out["nodes"] = nodes
+    out["stacks"] = [list(s) for s in stacks]
+    return out
+
+
 def render_html(graph: Graph) -> str:
     """The page as a string."""
-    return _PAGE.replace("/*DATA*/", embed_json(graph.to_dict()))
+    return _PAGE.replace("/*DATA*/", embed_json(_compact(graph.to_dict())))
 
 
 def write_html(graph: Graph, path: str | os.PathLike[str]) -> Path:
@@ -89,7 +111,7 @@ function own(n, f, ph) {
   if (f === "all") return true;
   if (f === "error") return n.verdict === "error";
   if (f === "warning") return n.verdict === "error" || n.verdict === "warning";
-  if (f === "overflow") return n.overflow !== null && n.overflow !== undefined;
+  if (f === "overflow") return !!n.overflow;
   if (f === "unmatched") return n.side !== "both";
   return true;
 }
@@ -142,7 +164,7 @@ function showDetails(id) {
   kv(t, "kind", n.kind); kv(t, "status", n.status); kv(t, "own verdict", n.verdict); kv(t, "op", n.op); kv(t, "module", n.module || "(top level)");
   kv(t, "module class", n.module_class); kv(t, "phase", n.phase); kv(t, "level", n.level); kv(t, "present", n.side === "both" ? "both sides" : n.side + " only");
   kv(t, "bench record", n.bench_name); kv(t, "error", n.error); kv(t, "worst error below", n.worst_error); kv(t, "amplification", n.amplification);
-  kv(t, "overflow", n.overflow); kv(t, "reason", n.reason); kv(t, "errors / warnings / unmatched below", n.n_error + " / " + n.n_warning + " / " + n.n_unmatched);
+  kv(t, "overflow", n.overflow); kv(t, "reason", n.reason); kv(t, "errors / warnings / unmatched below", (n.n_error || 0) + " / " + (n.n_warning || 0) + " / " + (n.n_unmatched || 0));
   if (n.root_cause) kv(t, "root cause", "yes: this op introduced the divergence");
   d.appendChild(t);
   const tens = (label, rows) => { if (rows && rows.length) { d.appendChild(el("h4", label)); d.appendChild(table(rows, usedCols(rows, TCOLS))); } };
@@ -154,7 +176,7 @@ function showDetails(id) {
     if (c.metrics && c.metrics.length) d.appendChild(table(c.metrics, usedCols(c.metrics, MCOLS)));
     else if (c.tensors && c.tensors.length) d.appendChild(table(c.tensors, usedCols(c.tensors, TCOLS)));
   }
-  if (n.stack && n.stack.length) { d.appendChild(el("h4", "stack")); d.appendChild(el("pre", n.stack.join("\n"))); }
+  if (n.stack !== undefined && G.stacks[n.stack]) { d.appendChild(el("h4", "stack (innermost last)")); d.appendChild(el("pre", G.stacks[n.stack].join("\n"))); }
 }
 function search() {
   const q = $("q").value.trim().toLowerCase(), box = $("results"); box.replaceChildren();
