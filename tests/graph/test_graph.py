@@ -163,3 +163,19 @@ def test_cli_bad_input_subprocess_one_line(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_page_script_runs(dumps: dict[str, Path], tmp_path: Path) -> None:
+    """The page's script runs on a minimal DOM stub: it renders the tree, a filter shrinks it."""
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    write_html(compare_graphs(dumps["dev"], dumps["bench"]), tmp_path / "g.html")
+    p = subprocess.run([node, str(Path(__file__).with_name("page_smoke.js")), str(tmp_path / "g.html")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    counts = json.loads(p.stdout.strip().splitlines()[-1])
+    assert 0 < counts["err"] < counts["all"] and counts["details"] > 10
