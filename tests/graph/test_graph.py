@@ -18,7 +18,7 @@ SMALL = TinyConfig(vocab=64, dim=32, layers=2, heads=4, hidden=64, seq=8, batch=
 FAULT_MODULE = "layers.1.mlp.down_proj"
 
 
-def _dump(path: Path, fault: bool = False, extra_clone_in: str | None = None) -> Path:
+def _dump(path: Path, fault: bool | str = False, extra_clone_in: str | None = None) -> Path:
     from torchparity_backend_emulated import Fault, emulate
 
     model = make_model(0, SMALL)
@@ -26,7 +26,7 @@ def _dump(path: Path, fault: bool = False, extra_clone_in: str | None = None) ->
     handle = None
     if extra_clone_in is not None:  # an extra (exact) op on this side only
         handle = model.get_submodule(extra_clone_in).register_forward_hook(lambda m, i, o: o.clone())
-    faults = [Fault(op="aten.mm", module=FAULT_MODULE, phase="forward", step=0, kind="scale", factor=1.5)] if fault else []
+    faults = [Fault(op="aten.mm", module=FAULT_MODULE, phase="forward", step=0, kind="nan" if fault == "nan" else "scale", factor=1.5)] if fault else []
     with emulate(dtype=None, faults=faults) as dev:
         with torchparity.dump(str(path), level="mix", mode="statistics", model=model, fsync=False):
             train(model, batches)
@@ -40,7 +40,15 @@ def _dump(path: Path, fault: bool = False, extra_clone_in: str | None = None) ->
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("graph_dumps")
     return {"bench": _dump(root / "bench"), "dev": _dump(root / "dev", fault=True),
-            "extra": _dump(root / "extra", extra_clone_in="layers.0.mlp")}
+            "extra": _dump(root / "extra", extra_clone_in="layers.0.mlp"), "nan": _dump(root / "nan", fault="nan")}
+
+
+def test_single_dump_overflow_marks(dumps: dict[str, Path]) -> None:
+    g = build_graph(dumps["nan"])
+    crit = [n for n in g.nodes.values() if n.kind == "op" and n.overflow == "critical"]
+    assert crit and crit[0].module == FAULT_MODULE and min(crit, key=lambda n: n.order).phase == "forward"
+    assert g.node(FAULT_MODULE).status == "overflow" and g.nodes[g.root].n_overflow > 0
+    assert g.node("embed_tokens").overflow is None
 
 
 def test_hierarchy_matches_the_model(dumps: dict[str, Path]) -> None:
