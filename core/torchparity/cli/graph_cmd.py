@@ -14,12 +14,13 @@ from . import EXIT_FINDINGS, EXIT_OK, registry_from
 @click.argument("bench", type=click.Path(), required=False)
 @click.option("-o", "--output", "output", type=click.Path(file_okay=False), required=True,
               help="Directory for graph.html and graph.json (created).")
-@click.option("--step", type=int, default=0, show_default=True, help="Step to show.")
+@click.option("--step", type=int, default=None,
+              help="Step to show (default: two dumps, the first step that diverged, else 0; one dump, 0).")
 @click.option("--rank", type=int, default=0, show_default=True, help="Rank to show.")
 @click.option("-m", "--mapping", "--layer-mapping", "mapping", type=click.Path(dir_okay=False), default=None,
               metavar="FILE", help="YAML of renamed modules, 'device_name: bench_name' per line (two dumps only).")
 @click.pass_context
-def graph(ctx: click.Context, dump: str, bench: str | None, output: str, step: int, rank: int,
+def graph(ctx: click.Context, dump: str, bench: str | None, output: str, step: int | None, rank: int,
           mapping: str | None) -> int:
     """Rebuild the module/op hierarchy of a dump and write it as one HTML page.
 
@@ -51,6 +52,14 @@ def graph(ctx: click.Context, dump: str, bench: str | None, output: str, step: i
 
     if bench is None and mapping is not None:
         raise UsageError("--mapping needs two dumps (DUMP BENCH); a single dump is not compared")
+    if step is None:
+        step = 0
+        if bench is not None:  # show where it went wrong: the first step that diverged
+            from ..compare.api import compare
+
+            first = compare(dump, bench, rank=rank, layer_mapping=mapping, plugins=registry_from(ctx),
+                            formats=[]).summary.get("first_divergence") or {}
+            step = int(first.get("step", 0) or 0)
     if bench is None:
         g = build_graph(dump, step=step, rank=rank)
     else:
