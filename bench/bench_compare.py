@@ -3,10 +3,12 @@
 Target (issue 4): < 5 s. The dumps are synthesized (one input and one output per record, chained
 by producer, a planted x1.5 fault at record 60 000). The baseline measured in the same command is
 plain reading: json-parsing both records.jsonl files, which any compare must do. msprobe's compare
-is run on the same pair when `mindstudio-probe` is installed in /work/bench-venv (never a project
-dependency); otherwise the results file says so.
+is run on the same pair written in msprobe's statistics format (dump.json/stack.json/construct.json)
+when `mindstudio-probe` is installed in /work/bench-venv (never a project dependency), next to
+`torchparity.compare` on that msprobe-format pair; otherwise the results file says why not.
 
-    .venv/bin/python bench/bench_compare.py [--records 100000] [--out bench/results/compare.md]
+    .venv/bin/python bench/bench_compare.py [--records 100000] [--repeat 2] [--msprobe-records N]
+                                            [--out bench/results/compare.md]
 """
 
 from __future__ import annotations
