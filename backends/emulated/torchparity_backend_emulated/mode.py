@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchparity.capture import ops as opinfo
 from torchparity.capture.aten_mode import _SKIP as _UNCOUNTED
-from torchparity.capture.module_tracker import Frame, ModuleTracker, in_backward
+from torchparity.capture.module_tracker import Frame, ModuleTracker, in_backward, tag_graph
 from torchparity.capture.session import tool_is_busy
 from torchparity.errors import PluginError
 
@@ -159,22 +159,7 @@ class EmulatedDeviceMode(TorchDispatchMode):
     # ---- module attribution ---------------------------------------------------------------
     def _tag_backward(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
         """Tag the autograd nodes this module created with its path (innermost module wins)."""
-        leaves, _ = tree_flatten(output)
-        todo = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        seen: set[int] = set()
-        while todo:
-            node = todo.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            try:
-                meta = node.metadata
-            except (AttributeError, RuntimeError):
-                continue
-            if _META_KEY in meta:
-                continue
-            meta[_META_KEY] = frame.path
-            todo.extend(fn for fn, _ in node.next_functions if fn is not None)
+        tag_graph(output, frame.path, key=_META_KEY)
 
     def _where(self) -> tuple[str, str]:
         """(phase, module path) of the running op, as the dump would name them."""

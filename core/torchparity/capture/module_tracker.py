@@ -168,12 +168,13 @@ class ModuleTracker:
 # ---- backward attribution ------------------------------------------------------------------
 
 
-def tag_graph(outputs: Any, info: dict[str, Any], stop_at: Any = None) -> None:
+def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY) -> None:
     """Tag the autograd nodes that produced ``outputs`` (and not yet tagged ones behind them).
 
     Walks ``grad_fn.next_functions`` from each output tensor and stops at nodes already tagged, so
     each node is tagged once, by the innermost module/op that created it. ``info`` is stored under
-    ``node.metadata["torchparity"]``.
+    ``node.metadata[key]`` (each torchparity component uses its own key, so their tags never
+    override each other).
     """
     from torch.utils._pytree import tree_flatten
 
@@ -193,11 +194,11 @@ def tag_graph(outputs: Any, info: dict[str, Any], stop_at: Any = None) -> None:
             meta = node.metadata
         except (AttributeError, RuntimeError):  # AccumulateGrad and C++-only nodes
             continue
-        if _META_KEY in meta:
+        if key in meta:
             continue
         if stop_at is not None and any(node is n for n in stop_at):
             continue
-        meta[_META_KEY] = info
+        meta[key] = info
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
 
 

@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..capture import ops as opinfo
 from ..capture.aten_mode import _SKIP as UNCOUNTED_OPS
-from ..capture.module_tracker import Frame, ModuleTracker, in_backward
+from ..capture.module_tracker import Frame, ModuleTracker, in_backward, tag_graph
 
 _META_KEY = "torchparity.online"
 
@@ -84,22 +84,7 @@ class OpLocator:
 
     # ---- where ----------------------------------------------------------------------------
     def _tag_backward(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
-        leaves, _ = tree_flatten(output)
-        todo = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        seen: set[int] = set()
-        while todo:
-            node = todo.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            try:
-                meta = node.metadata
-            except (AttributeError, RuntimeError):
-                continue
-            if _META_KEY in meta:
-                continue
-            meta[_META_KEY] = (frame.path, frame.cls)
-            todo.extend(fn for fn, _ in node.next_functions if fn is not None)
+        tag_graph(output, (frame.path, frame.cls), key=_META_KEY)
 
     def where(self) -> tuple[str, str, str | None]:
         """(phase, module path, module class) of the op running now."""

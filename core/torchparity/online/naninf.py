@@ -45,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture import ops as opinfo
 from ..capture.aten_mode import _SKIP as _UNCOUNTED
-from ..capture.module_tracker import Frame, ModuleTracker, in_backward
+from ..capture.module_tracker import Frame, ModuleTracker, in_backward, tag_graph
 from ..capture.session import _tool_state, tool_is_busy, tool_work
 from ..errors import TorchparityError, UsageError
 
@@ -288,30 +288,15 @@ class NanInfTracker:
 
     # ---- module attribution ------------------------------------------------------------------
     def _module_enter(self, frame: Frame, args: tuple, kwargs: dict) -> None:
-        frame.stop_nodes = {id(a.grad_fn) for a in args if isinstance(a, torch.Tensor) and a.grad_fn is not None}  # type: ignore[attr-defined]
+        # the inputs' nodes themselves (ids of node wrappers are not stable on torch < 2.2)
+        frame.stop_nodes = [a.grad_fn for a in args if isinstance(a, torch.Tensor) and a.grad_fn is not None]  # type: ignore[attr-defined]
         return None
 
     def _module_exit(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
         """Tag the autograd nodes this module created (innermost module wins) for backward ops."""
         if frame.recompute or not torch.is_grad_enabled():
             return
-        stop = getattr(frame, "stop_nodes", ())
-        todo = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
-        seen: set[int] = set()
-        tag = (frame.path, frame.cls)
-        while todo:
-            node = todo.pop()
-            if node is None or id(node) in seen or id(node) in stop:
-                continue
-            seen.add(id(node))
-            try:
-                meta = node.metadata
-            except (AttributeError, RuntimeError):  # AccumulateGrad and C++-only nodes
-                continue
-            if _META_KEY in meta:
-                continue
-            meta[_META_KEY] = tag
-            todo.extend(fn for fn, _ in node.next_functions if fn is not None)
+        tag_graph(output, (frame.path, frame.cls), stop_at=getattr(frame, "stop_nodes", None), key=_META_KEY)
 
     def _where(self) -> tuple[str, str, str | None]:
         """(phase, module path, module class) of the running op."""
