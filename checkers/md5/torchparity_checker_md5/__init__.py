@@ -44,6 +44,8 @@ class Md5Checker(Checker):
         matched = (rows["match"] != "unmatched").to_numpy() if "match" in rows else np.ones(n, bool)
         both = (dm.notna() & bm.notna()).to_numpy() & matched
         one = (dm.notna() ^ bm.notna()).to_numpy() & matched
+        if not (both.any() or one.any()):  # no checksums (statistics/tensor dumps): nothing to judge
+            return pd.DataFrame({"verdict": verdict, "reason": reason}, index=rows.index)
         same_dtype = (rows["device_dtype"] == rows["bench_dtype"]).to_numpy() if "device_dtype" in rows else np.ones(n, bool)
         equal = (dm == bm).to_numpy()
         io = rows["io"].astype(str).to_numpy() if "io" in rows else np.full(n, "output")
