@@ -45,7 +45,9 @@ def classify(func: Any) -> tuple[str, str, str] | None:
     module = getattr(func, "__module__", None) or ""
     objclass = getattr(func, "__objclass__", None)
     qual = getattr(func, "__qualname__", "") or ""
-    if objclass is not None and objclass.__name__ in ("TensorBase", "Tensor") or qual.startswith(("TensorBase.", "Tensor.")):
+    # torch < 2.2 calls the C base class _TensorBase
+    if objclass is not None and objclass.__name__ in ("TensorBase", "_TensorBase", "Tensor") \
+            or qual.startswith(("TensorBase.", "_TensorBase.", "Tensor.")):
         return "Tensor", name, f"torch.Tensor.{name}"
     if module.startswith("torch.nn.functional") or module == "torch._C._nn":
         return "Functional", name, f"torch.nn.functional.{name}"
