@@ -44,7 +44,7 @@ from ..errors import UsageError
 
 log = logging.getLogger("torchparity")
 
-__all__ = ["PrecisionDebugger", "compare", "compare_distributed"]
+__all__ = ["PrecisionDebugger", "compare", "compare_distributed", "graph"]
 
 #: msprobe's communication API names (seed 001, "通信类API支持列表") and the aten names they reach.
 DISTRIBUTED_OPS = ("send", "recv", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "isend", "irecv",
@@ -288,3 +288,101 @@ def compare_distributed(npu_dump_dir: str | os.PathLike[str], bench_dump_dir: st
     out = Path(output_path)
     out.mkdir(parents=True, exist_ok=True)
     return torchparity.compare(a, b, output_dir=out, formats=kwargs.get("formats", "xlsx,advisor,json"))
+
+
+# ---- graph (seed 003: msprobe -f pytorch graph -i compare.json -o out) -------------------------
+
+
+def graph(input_param: str | os.PathLike[str] | dict[str, Any], output_path: str | os.PathLike[str],
+          layer_mapping: str | os.PathLike[str] | None = None, overflow_check: bool = False,
+          fuzzy_match: bool = False) -> list[Path]:
+    """msprobe's hierarchical graph build/compare, done by :mod:`torchparity.graph`.
+
+    ``input_param`` is the seed's ``compare.json`` (or its dict): ``npu_path`` (required),
+    ``bench_path`` (omit to only build the graph), ``is_print_compare_log``. A path may be one
+    rank directory, a step directory holding ``rank*`` folders (every rank), or a dump root
+    holding ``step*`` folders (every step and rank) — torchparity or msprobe dumps. For each
+    (step, rank) one self-contained page ``compare_{timestamp}_step{S}_rank{R}.vis.html`` (or
+    ``build_…``) and its ``.vis.json`` are written; msprobe writes a ``.vis.db`` for its
+    TensorBoard plugin instead. Overflow levels are always marked (``overflow_check`` is
+    accepted for compatibility); ``fuzzy_match`` is accepted too: torchparity's matching always
+    falls back to shapes and order. Returns the pages written.
+    """
+    import time as _time
+
+    from ..dump.reader import open_dump
+    from ..graph import build_graph, compare_graphs, write_html, write_json
+
+    if isinstance(input_param, (str, os.PathLike)):
+        p = Path(input_param)
+        if not p.is_file():
+            raise UsageError(f"graph: {p} does not exist; pass the compare.json with npu_path (and bench_path)")
+        try:
+            input_param = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"graph: {p} is not valid JSON ({exc})") from None
+    if not isinstance(input_param, dict) or "npu_path" not in input_param:
+        raise UsageError("graph: the input needs 'npu_path' (and 'bench_path' to compare), as in msprobe's compare.json")
+    unknown = sorted(set(input_param) - {"npu_path", "bench_path", "is_print_compare_log", "parallel_merge"})
+    if unknown:
+        raise UsageError(f"graph: unknown key(s) {', '.join(unknown)} in the input")
+    if input_param.get("parallel_merge"):
+        raise UsageError("graph: parallel_merge (graphs of different TP/PP splits) is not supported; compare "
+                         "dumps of the same split")
+    npu, bench = input_param["npu_path"], input_param.get("bench_path")
+    verbose = bool(input_param.get("is_print_compare_log", True))
+    out = Path(output_path)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = _time.strftime("%Y%m%d%H%M%S")
+    kind = "compare" if bench else "build"
+    written: list[Path] = []
+    for u in open_dump(npu).units:
+        if bench:
+            g = compare_graphs(npu, bench, step=u.step, rank=u.rank, layer_mapping=layer_mapping)
+        else:
+            g = build_graph(npu, step=u.step, rank=u.rank)
+        page = out / f"{kind}_{stamp}_step{u.step}_rank{u.rank}.vis.html"
+        write_html(g, page)
+        write_json(g, page.with_suffix("").with_suffix(".vis.json"))
+        written.append(page)
+        if verbose:
+            print(f"[msprobe graph] step {u.step} rank {u.rank}: {page}")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torchparity.compat.msprobe -f pytorch graph -i compare.json -o out`` — the
+    seed's command line with ``msprobe`` replaced. Also ``compare -tp … -gp … -o …``."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m torchparity.compat.msprobe")
+    ap.add_argument("-f", "--framework", default="pytorch", choices=["pytorch"])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("graph", help="build or compare the hierarchical graph (seed 003)")
+    g.add_argument("-i", "--input_path", required=True)
+    g.add_argument("-o", "--output_path", required=True)
+    g.add_argument("-lm", "--layer_mapping", nargs="?", const=None, default=None)
+    g.add_argument("-oc", "--overflow_check", action="store_true")
+    g.add_argument("-fm", "--fuzzy_match", action="store_true")
+    c = sub.add_parser("compare", help="compare two dumps (seed 001)")
+    c.add_argument("-tp", "--target_path", required=True)
+    c.add_argument("-gp", "--golden_path", required=True)
+    c.add_argument("-o", "--output_path", required=True)
+    c.add_argument("-s", "--stack_mode", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "graph":
+            graph(a.input_path, a.output_path, layer_mapping=a.layer_mapping, overflow_check=a.overflow_check,
+                  fuzzy_match=a.fuzzy_match)
+        else:
+            compare({"npu_json_path": a.target_path, "bench_json_path": a.golden_path}, a.output_path,
+                    stack_mode=a.stack_mode)
+    except UsageError as exc:
+        print(f"torchparity: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
