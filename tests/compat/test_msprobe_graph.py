@@ -64,3 +64,34 @@ def test_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
                         "-i", str(tmp_path / "missing.json"), "-o", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.add_module(name, torch.nn.Linear(8, 8))
+        self.head = torch.nn.Linear(8, 2)
+        self._name = name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(getattr(self, self._name)(x)))
+
+
+def test_layer_mapping_pairs_renamed_modules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for side, name in (("npu", "dense"), ("bench", "fc")):
+        with torchparity.dump(str(tmp_path / side), level="mix"):
+            _Net(name)(torch.ones(2, 8)).sum().backward()
+    cfg = {"npu_path": str(tmp_path / "npu"), "bench_path": str(tmp_path / "bench"), "is_print_compare_log": False}
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("dense: fc\n")
+
+    def unmatched(g: Path) -> int:
+        data = json.loads(g.with_suffix("").with_suffix(".vis.json").read_text())
+        return sum(1 for n in data["nodes"].values() if n.get("status") == "unmatched") if isinstance(data["nodes"], dict) \
+            else sum(1 for n in data["nodes"] if n.get("status") == "unmatched")
+
+    without = msprobe.graph(cfg, tmp_path / "a")
+    with_map = msprobe.graph(cfg, tmp_path / "b", layer_mapping=str(mapping))
+    assert unmatched(without[0]) > 0 and unmatched(with_map[0]) == 0
+    assert "[msprobe graph]" not in capsys.readouterr().out  # is_print_compare_log: false
