@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -75,3 +75,39 @@ class CompareResult:
     def diverged(self) -> bool:
         """True when a divergence was found (the CLI then exits with code 1)."""
         return self.root_cause is not None or int(self.summary.get("n_error", 0)) > 0
+
+
+def complete_first_divergence(summary: Mapping[str, Any], rows: Any = None, root: Any = None) -> dict[str, Any]:
+    """``summary["first_divergence"]`` with op, module and phase filled in.
+
+    The compare engine writes them; results from older versions (or written by hand) may carry
+    only name, step, rank and index, so reporters complete them from the root cause or the rows.
+    """
+    import math
+
+    fd = summary.get("first_divergence")
+    if not fd:
+        return {}
+    if not isinstance(fd, Mapping):
+        return {"name": str(fd)}
+    out = dict(fd)
+    keys = ("op", "module", "phase")
+    if root is not None and out.get("name") == getattr(root, "name", None):
+        for k in keys:
+            if not out.get(k):
+                out[k] = getattr(root, k, None)
+    missing = [k for k in keys if not out.get(k)]
+    if missing and rows is not None and len(rows) and "device_name" in rows.columns and out.get("name"):
+        m = rows["device_name"].astype(object).eq(out["name"]).to_numpy(dtype=bool)
+        for k in ("step", "rank"):
+            if k in rows.columns and out.get(k) is not None:
+                m = m & rows[k].eq(out[k]).to_numpy(dtype=bool)
+        hit = rows[m]
+        if len(hit):
+            r = hit.iloc[0].to_dict()
+            for k in missing:
+                v = r.get(k)
+                if v is not None and not (isinstance(v, float) and math.isnan(v)):
+                    out[k] = v
+    return out
+

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TypeVar
 
 from torchparity import hookimpl
+from torchparity.results import complete_first_divergence
 from torchparity.errors import PluginError
 from torchparity.plugin_types import Reporter
 
@@ -129,33 +130,7 @@ def _count(summary: Mapping[str, Any], rows: pd.DataFrame | None, key: str, verd
     return int(rows["verdict"].astype(object).eq(verdict).sum()) if "verdict" in rows.columns else 0
 
 
-def first_divergence(summary: Mapping[str, Any], rows: pd.DataFrame | None, root: Any) -> dict[str, Any]:
-    """``summary["first_divergence"]`` completed with op, module and phase (from the root cause or
-    the rows: the compare engine records only name, step, rank and index)."""
-    fd = summary.get("first_divergence")
-    if not fd:
-        return {}
-    if not isinstance(fd, Mapping):
-        return {"name": str(fd)}
-    out = dict(fd)
-    keys = ("op", "module", "phase")
-    if root is not None and out.get("name") == root.name:
-        for k in keys:
-            if not out.get(k):
-                out[k] = getattr(root, k, None)
-    missing = [k for k in keys if not out.get(k)]
-    if missing and rows is not None and len(rows) and "device_name" in rows.columns and out.get("name"):
-        m = rows["device_name"].astype(object).eq(out["name"]).to_numpy(dtype=bool)
-        for k in ("step", "rank"):
-            if k in rows.columns and out.get(k) is not None:
-                m = m & rows[k].eq(out[k]).to_numpy(dtype=bool)
-        hit = rows[m]
-        if len(hit):
-            r = hit.iloc[0].to_dict()
-            for k in missing:
-                if _val(r, k):
-                    out[k] = r[k]
-    return out
+first_divergence = complete_first_divergence  # shared with the other reporters (torchparity.results)
 
 
 class LogReporter(Reporter):

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from torchparity import hookimpl
+from torchparity.results import complete_first_divergence
 from torchparity.errors import PluginError
 from torchparity.plugin_types import Reporter
 
@@ -749,32 +750,7 @@ def _count(summary: Mapping[str, Any], rows: pd.DataFrame | None, key: str, verd
     return int(rows["verdict"].astype(object).eq(verdict).sum()) if "verdict" in rows.columns else 0
 
 
-def first_divergence(summary: Mapping[str, Any], rows: pd.DataFrame | None, root: Suspect | None) -> dict[str, Any]:
-    """``summary["first_divergence"]`` completed with op, module and phase from the rows (the
-    compare engine records only name, step, rank and index)."""
-    fd = summary.get("first_divergence")
-    if not fd:
-        return {}
-    if not isinstance(fd, Mapping):
-        return {"name": str(fd)}
-    out = dict(fd)
-    missing = [k for k in ("op", "module", "phase") if not out.get(k)]
-    if missing and root is not None and out.get("name") == root.name:
-        for k in missing:
-            out[k] = getattr(root, k, None) or out.get(k)
-        missing = [k for k in ("op", "module", "phase") if not out.get(k)]
-    if missing and rows is not None and len(rows) and "device_name" in rows.columns and out.get("name"):
-        m = rows["device_name"].astype(object).eq(out["name"]).to_numpy(dtype=bool)
-        for k in ("step", "rank"):
-            if k in rows.columns and out.get(k) is not None:
-                m = m & rows[k].eq(out[k]).to_numpy(dtype=bool)
-        hit = rows[m]
-        if len(hit):
-            r = hit.iloc[0]
-            for k in missing:
-                if k in rows.columns and not _is_missing(r[k]):
-                    out[k] = r[k]
-    return out
+first_divergence = complete_first_divergence  # shared with the other reporters (torchparity.results)
 
 
 @hookimpl
