@@ -318,6 +318,10 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
                  "root_cause": suspects[0].name if suspects else None,
                  "root_cause_index": suspects[0].index if suspects else None,
                  "suspects": len(suspects)})
+    if stacks and "d_stack" in rows.columns:  # the device op's call stack (frames), for the reports
+        import pandas as pd
+
+        rows["stack"] = pd.to_numeric(rows["d_stack"], errors="coerce").map(stacks)
     rows = rows.drop(columns=["d_stack", "d_fwd"], errors="ignore").rename(columns={"d_record_id": "device_record_id"})
     return rows, suspects, warnings, info
 
