@@ -70,6 +70,17 @@ def judge(rows: Any, checkers: Sequence[Checker], mode: str) -> tuple[Any, list[
         reason = np.where(worse, rsn, reason)
         who = np.where(worse, name, who)
         # same verdict from several checkers: keep the first reason, note the other checker
+    if "match" in rows.columns:  # nothing to pass against: an unmatched row is skipped unless a checker flags it
+        um = (rows["match"].to_numpy() == "unmatched") & (verdict == "pass")
+        verdict = np.where(um, "skip", verdict)
+        if "device_record_id" in rows.columns:
+            dev_side = rows["device_record_id"].to_numpy() >= 0
+            msg = np.where(dev_side, "only in the device dump: no benchmark record",
+                           "only in the benchmark dump: no device record")
+        else:
+            msg = np.full(len(rows), "unmatched: no counterpart in the other dump", dtype=object)
+        reason = np.where(um, msg, reason)
+        who = np.where(um, "", who)
     rows["verdict"] = verdict
     rows["reason"] = reason
     rows["checker"] = who
