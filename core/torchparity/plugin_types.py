@@ -191,22 +191,37 @@ class DeviceBackend(Configurable):
         torch.use_deterministic_algorithms(enabled, warn_only=True)
 
     def get_rng_state(self) -> dict[str, torch.Tensor]:
+        """The CPU generator state plus one ``"<device_type>:<i>"`` entry per visible device
+        (the device module's ``device_count``/``get_rng_state(i)``, as torch.cuda, torch_npu and
+        torch_musa provide them)."""
         import torch
 
         state = {"cpu": torch.get_rng_state()}
-        mod = getattr(torch, self.device_type, None)
-        if self.device_type != "cpu" and mod is not None and hasattr(mod, "get_rng_state"):
-            state[self.device_type] = mod.get_rng_state()
+        mod = self._device_module() if self.device_type != "cpu" else None
+        if mod is not None and hasattr(mod, "get_rng_state"):
+            count = mod.device_count() if hasattr(mod, "device_count") else 0
+            if count:
+                for i in range(count):
+                    state[f"{self.device_type}:{i}"] = mod.get_rng_state(i)
+            else:
+                state[self.device_type] = mod.get_rng_state()
         return state
 
     def set_rng_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore what :meth:`get_rng_state` returned (a plain ``"<device_type>"`` key means the
+        current device)."""
         import torch
 
         if "cpu" in state:
             torch.set_rng_state(state["cpu"])
-        mod = getattr(torch, self.device_type, None)
-        if self.device_type in state and mod is not None and hasattr(mod, "set_rng_state"):
-            mod.set_rng_state(state[self.device_type])
+        mod = self._device_module() if self.device_type != "cpu" else None
+        if mod is None or not hasattr(mod, "set_rng_state"):
+            return
+        for key, value in state.items():
+            if key == self.device_type:
+                mod.set_rng_state(value)
+            elif key.startswith(self.device_type + ":"):
+                mod.set_rng_state(value, int(key.split(":", 1)[1]))
 
     # ---- description for dump headers ------------------------------------------------------
     def numerics_switches(self) -> dict[str, Any]:

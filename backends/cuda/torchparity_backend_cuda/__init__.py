@@ -197,7 +197,8 @@ class CudaBackend(DeviceBackend):
             torch.cuda.manual_seed_all(seed)
 
     def get_rng_state(self) -> dict[str, torch.Tensor]:
-        """CPU generator state plus one entry per visible GPU (``"cuda:0"``, ``"cuda:1"`` ...)."""
+        """CPU generator state plus one entry per visible GPU (``"cuda:0"``, ``"cuda:1"`` ...),
+        read with ``torch.cuda.get_rng_state_all``; restored by the base class."""
         import torch
 
         state = {"cpu": torch.get_rng_state()}
@@ -205,19 +206,6 @@ class CudaBackend(DeviceBackend):
             for i, s in enumerate(torch.cuda.get_rng_state_all()):
                 state[f"{self.device_type}:{i}"] = s
         return state
-
-    def set_rng_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Restore what :meth:`get_rng_state` returned (a plain ``"cuda"`` key means the current device)."""
-        import torch
-
-        if "cpu" in state:
-            torch.set_rng_state(state["cpu"])
-        mod = self._device_module()
-        for key, value in state.items():
-            if key == self.device_type:
-                mod.set_rng_state(value)
-            elif key.startswith(self.device_type + ":"):
-                mod.set_rng_state(value, int(key.split(":", 1)[1]))
 
     def set_deterministic(self, enabled: bool = True) -> None:
         """Deterministic algorithms, cuDNN deterministic and no benchmark, deterministic cuBLAS.

@@ -132,28 +132,6 @@ class MusaBackend(DeviceBackend):
             mudnn.allow_tf32 = bool(want["allow_tf32"])
         return prev
 
-    def get_rng_state(self) -> dict[str, torch.Tensor]:
-        """CPU state plus one ``"musa:<i>"`` entry per visible device."""
-        import torch
-
-        state = {"cpu": torch.get_rng_state()}
-        mod = self._device_module()
-        for i in range(mod.device_count()):
-            state[f"musa:{i}"] = mod.get_rng_state(i)
-        return state
-
-    def set_rng_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        import torch
-
-        if "cpu" in state:
-            torch.set_rng_state(state["cpu"])
-        mod = self._device_module()
-        for key, value in state.items():
-            if key == "musa":
-                mod.set_rng_state(value)
-            elif key.startswith("musa:"):
-                mod.set_rng_state(value, int(key.split(":", 1)[1]))
-
     def environment(self) -> dict[str, Any]:
         import torch
 

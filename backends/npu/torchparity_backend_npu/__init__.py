@@ -236,28 +236,6 @@ class NpuBackend(DeviceBackend):
         elif os.environ.get("HCCL_DETERMINISTIC") == "true":
             os.environ.pop("HCCL_DETERMINISTIC")
 
-    def get_rng_state(self) -> dict[str, torch.Tensor]:
-        """CPU state plus one ``"npu:<i>"`` entry per visible NPU."""
-        import torch
-
-        state = {"cpu": torch.get_rng_state()}
-        mod = self._device_module()
-        for i in range(mod.device_count()):
-            state[f"npu:{i}"] = mod.get_rng_state(i)
-        return state
-
-    def set_rng_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        import torch
-
-        if "cpu" in state:
-            torch.set_rng_state(state["cpu"])
-        mod = self._device_module()
-        for key, value in state.items():
-            if key == "npu":
-                mod.set_rng_state(value)
-            elif key.startswith("npu:"):
-                mod.set_rng_state(value, int(key.split(":", 1)[1]))
-
     # ---- numerics ----------------------------------------------------------------------------
     def _hf32_targets(self) -> dict[str, Any]:
         import torch
