@@ -217,3 +217,26 @@ def current_backward_info() -> dict[str, Any] | None:
 
 
 in_backward = _in_backward
+
+
+def where_now(tracker: "ModuleTracker | None", in_optimizer: bool, key: str) -> tuple[str, str, str | None]:
+    """(phase, module path, module class) of the op running now, as the dump names them.
+
+    Forward ops belong to the innermost running module; backward ops to the module whose forward
+    created the autograd node being run (tagged under ``key`` by :func:`tag_graph` with a
+    ``(path, class)`` tuple); ops inside ``optimizer.step()`` are phase ``optimizer``.
+    """
+    frame = tracker.current() if tracker is not None else None
+    if in_optimizer:
+        return "optimizer", frame.path if frame else "", frame.cls if frame else None
+    if in_backward():
+        if frame is not None and frame.recompute:
+            return "recompute", frame.path, frame.cls
+        try:
+            node = torch._C._current_autograd_node()
+            tag = node.metadata.get(key) if node is not None else None
+        except (AttributeError, RuntimeError):
+            tag = None
+        return ("backward", tag[0], tag[1]) if tag else ("backward", "", None)
+    return "forward", frame.path if frame else "", frame.cls if frame else None
+

@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..capture import ops as opinfo
 from ..capture.aten_mode import _SKIP as UNCOUNTED_OPS
-from ..capture.module_tracker import Frame, ModuleTracker, in_backward, tag_graph
+from ..capture.module_tracker import Frame, ModuleTracker, tag_graph, where_now
 
 _META_KEY = "torchparity.online"
 
@@ -88,19 +88,7 @@ class OpLocator:
 
     def where(self) -> tuple[str, str, str | None]:
         """(phase, module path, module class) of the op running now."""
-        frame = self.tracker.current()
-        if self.in_optimizer:
-            return "optimizer", frame.path if frame else "", frame.cls if frame else None
-        if in_backward():
-            if frame is not None and frame.recompute:
-                return "recompute", frame.path, frame.cls
-            try:
-                node = torch._C._current_autograd_node()
-                tag = node.metadata.get(_META_KEY) if node is not None else None
-            except (AttributeError, RuntimeError):
-                tag = None
-            return ("backward", tag[0], tag[1]) if tag else ("backward", "", None)
-        return "forward", frame.path if frame else "", frame.cls if frame else None
+        return where_now(self.tracker, self.in_optimizer, _META_KEY)
 
     def name(self, func: Any, phase: str) -> str | None:
         """The dump's record name for this call (advances the counter), or ``None`` for the ops

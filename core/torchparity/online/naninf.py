@@ -45,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture import ops as opinfo
 from ..capture.aten_mode import _SKIP as _UNCOUNTED
-from ..capture.module_tracker import Frame, ModuleTracker, in_backward, tag_graph
+from ..capture.module_tracker import Frame, ModuleTracker, tag_graph, where_now
 from ..capture.session import _tool_state, tool_is_busy, tool_work
 from ..errors import TorchparityError, UsageError
 
@@ -300,20 +300,7 @@ class NanInfTracker:
 
     def _where(self) -> tuple[str, str, str | None]:
         """(phase, module path, module class) of the running op."""
-        tr = self._tracker
-        frame = tr.current() if tr is not None else None
-        if self._in_optimizer:
-            return "optimizer", frame.path if frame else "", frame.cls if frame else None
-        if in_backward():
-            if frame is not None and frame.recompute:
-                return "recompute", frame.path, frame.cls
-            try:
-                node = torch._C._current_autograd_node()
-                tag = node.metadata.get(_META_KEY) if node is not None else None
-            except (AttributeError, RuntimeError):
-                tag = None
-            return ("backward", tag[0], tag[1]) if tag else ("backward", "", None)
-        return "forward", frame.path if frame else "", frame.cls if frame else None
+        return where_now(self._tracker, self._in_optimizer, _META_KEY)
 
     # ---- per op (hot path) -------------------------------------------------------------------
     def _op_info(self, func: Any) -> tuple[str, str, str, bool, bool, bool, int]:
