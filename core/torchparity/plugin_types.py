@@ -321,3 +321,21 @@ class Reporter(Configurable):
     def write(self, result: CompareResult, output_dir: Path) -> list[Path]:
         """Write the report; return the files written (empty for console-only reporters)."""
         raise PluginError(f"reporter {self.name} does not implement write()")
+
+
+def prepare_output_dir(output_dir: Any, reporter: str) -> Any:
+    """Create ``output_dir`` (and parents) for a reporter, or raise a :class:`PluginError` that
+    says why not (exists as a file, cannot be created, not writable). Returns it as a Path."""
+    import os
+    from pathlib import Path as _Path
+
+    out = _Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise PluginError(f"reporter '{reporter}': output path {out} exists and is not a directory; choose another --output")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PluginError(f"reporter '{reporter}': cannot create output directory {out}: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise PluginError(f"reporter '{reporter}': output directory {out} is not writable; choose another --output or fix its permissions")
+    return out

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from torchparity import hookimpl
+from torchparity.plugin_types import prepare_output_dir
 from torchparity.results import complete_first_divergence
 from torchparity.errors import PluginError
 from torchparity.plugin_types import DEFAULT_COLLECTIVE_OPS, Reporter
@@ -636,18 +637,6 @@ def advise(result: CompareResult, *, top_suspects: int = 5, max_errors: int = 10
 # ------------------------------------------------------------------------------------------
 
 
-def prepare_output_dir(output_dir: Path | str, reporter: str) -> Path:
-    """Create ``output_dir`` (and parents) or raise a :class:`PluginError` that says why not."""
-    out = Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise PluginError(f"reporter '{reporter}': output path {out} exists and is not a directory; choose another --output")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PluginError(f"reporter '{reporter}': cannot create output directory {out}: {exc.strerror or exc}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise PluginError(f"reporter '{reporter}': output directory {out} is not writable; choose another --output or fix its permissions")
-    return out
 
 
 class AdvisorReporter(Reporter):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from torchparity import hookimpl
+from torchparity.plugin_types import prepare_output_dir
 from torchparity.errors import PluginError, UsageError
 from torchparity.plugin_types import Reporter
 
@@ -282,18 +283,6 @@ def header_document(result: CompareResult, rows_written: int, columns: list[str]
     }
 
 
-def prepare_output_dir(output_dir: Path | str, reporter: str) -> Path:
-    """Create ``output_dir`` (and parents) or raise a :class:`PluginError` that says why not."""
-    out = Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise PluginError(f"reporter '{reporter}': output path {out} exists and is not a directory; choose another --output")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PluginError(f"reporter '{reporter}': cannot create output directory {out}: {exc.strerror or exc}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise PluginError(f"reporter '{reporter}': output directory {out} is not writable; choose another --output or fix its permissions")
-    return out
 
 
 def write_compare_json(
