@@ -32,6 +32,11 @@ _UNINITIALIZED_RESULT = frozenset({"empty", "empty_like", "new_empty", "empty_st
                                    "empty_permuted"})
 _ALL_OUTPUTS = frozenset({"0", "1", "2", "3"})
 
+# Ops whose (single) output holds exactly the elements of input 0, so has the same statistics.
+_SAME_VALUES = frozenset({"view", "_unsafe_view", "_reshape_alias", "reshape", "t", "transpose", "permute",
+                          "squeeze", "unsqueeze", "clone", "alias", "flatten", "view_as", "numpy_T",
+                          "matrix_H", "mT", "mH", "adjoint", "contiguous"})
+
 _SKIP = frozenset({"detach", "alias", "lift_fresh", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"})
 
 
@@ -46,27 +51,36 @@ class AtenCaptureMode(TorchDispatchMode):
         super().__init__()
         self.session = session
         self.collectives_only = collectives_only
-        self._names: dict[Any, tuple[str, str, bool, bool, bool]] = {}
+        self._names: dict[Any, tuple[str, str, bool, bool, bool, tuple[tuple[int, str, bool], ...]]] = {}
+        # this mode sees every kernel, so every write: the session may reuse statistics
+        session.reuse_stats = not collectives_only
 
-    def _info(self, func: Any) -> tuple[str, str, bool, bool, bool]:
+    def _info(self, func: Any) -> tuple[str, str, bool, bool, bool, tuple[tuple[int, str, bool], ...]]:
         info = self._names.get(func)
         if info is None:
             base = opinfo.base_name(func)
             coll = opinfo.is_collective(func)
-            info = (base, str(func), coll, opinfo.is_view(func), opinfo.is_inplace(func))
+            info = (base, str(func), coll, opinfo.is_view(func), opinfo.is_inplace(func), opinfo.written_args(func))
             self._names[func] = info
         return info
+
+    def _run(self, func: Any, args: tuple, kwargs: dict, writes: tuple[tuple[int, str, bool], ...]) -> Any:
+        """Run an unrecorded kernel; what it writes still invalidates statistics seen before."""
+        out = func(*args, **kwargs)
+        if writes and not self.collectives_only:
+            self.session.note_writes(_written(args, kwargs, writes))
+        return out
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         s = self.session
-        base, op, collective, view, inplace = self._info(func)
+        base, op, collective, view, inplace, writes = self._info(func)
         if s.busy or tool_is_busy() or base in _SKIP or func.namespace == "profiler" or (self.collectives_only and (not collective or s.api_collective_depth)) or not s.enabled_step:
-            return func(*args, **kwargs)
+            return self._run(func, args, kwargs, writes)
         phase = s.phase()
         module, module_class, fwd, tag = s.module_info()
         if not s.wants(base, op, phase, module):
-            return func(*args, **kwargs)
+            return self._run(func, args, kwargs, writes)
         prefix = "Distributed" if collective else "Aten"
         flags: dict[str, Any] = {}
         if inplace:
@@ -82,7 +96,7 @@ class AtenCaptureMode(TorchDispatchMode):
         rec = s.new_record(prefix=prefix, base=base, op=op, level="aten", phase=phase, module=module,
                            module_class=module_class, fwd=fwd, flags=flags)
         if rec is None:
-            return func(*args, **kwargs)
+            return self._run(func, args, kwargs, writes)
         s.busy = True
         try:
             rec.tensors = s.describe(flat_args(args, kwargs), "input", rec.id, link=True,
@@ -92,11 +106,32 @@ class AtenCaptureMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         s.busy = True
         try:
+            if writes:
+                s.note_writes(_written(args, kwargs, writes))
+            elif base in _SAME_VALUES and args:
+                s.same_values(args[0], out)
             outs = flat_outputs(out)
             rec.tensors += s.describe(outs, "output", rec.id, link=False,
                                       no_values=_ALL_OUTPUTS if base in _UNINITIALIZED_RESULT else frozenset())
             s.note_outputs(rec.id, outs)
+            if writes:
+                s.expect_version_bump(_written(args, kwargs, writes, lists=False))
             s.commit(rec)
         finally:
             s.busy = False
         return out
+
+
+def _written(args: tuple, kwargs: dict, writes: tuple[tuple[int, str, bool], ...], lists: bool = True) -> list[Any]:
+    """The tensors in the written argument positions (lists of tensors flattened; left out
+    with ``lists=False``)."""
+    out: list[Any] = []
+    for i, name, is_list in writes:
+        if is_list and not lists:
+            continue
+        v = args[i] if i < len(args) else kwargs.get(name)
+        if isinstance(v, (list, tuple)):
+            out.extend(v)
+        elif v is not None:
+            out.append(v)
+    return out

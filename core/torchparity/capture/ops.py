@@ -46,6 +46,21 @@ def is_inplace(func: Any) -> bool:
     return name.endswith("_") and not name.endswith("__") or name.startswith("__i")
 
 
+def written_args(func: Any) -> tuple[tuple[int, str, bool], ...]:
+    """(position, name, is a tensor list) of the arguments the op writes into, from its schema's
+    alias info. Single-tensor writes get their version counter bumped by autograd's
+    ADInplaceOrView kernel after the op returns; tensor-list writes (``_foreach_*_``) do not."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return ()
+    out = []
+    for i, a in enumerate(schema.arguments):
+        info = a.alias_info
+        if info is not None and info.is_write:
+            out.append((i, a.name, isinstance(a.type, torch.ListType)))
+    return tuple(out)
+
+
 def is_uninitialised(func: Any) -> bool:
     return base_name(func) in UNINITIALISED_OPS
 

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import os
 import threading
+from weakref import ref as _weakref
 from typing import Any, Iterable
 
 import torch
 from torch.utils._pytree import tree_flatten
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..dump.options import DumpOptions, compile_patterns, matches
 from ..dump.writer import Batch, DumpWriter
 from ..records import OpRecord, TensorEntry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .stacks import StackTable
-from .stats import stats_tensor, tensor_md5
+from .stats import host_stats, stats_to_dict, stats_tensor, tensor_md5
 
 _SCALAR_TYPES = (int, float, bool, str, type(None))
 
@@ -85,6 +85,46 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+class TensorMemo:
+    """Per-step facts about tensors, keyed by the tensor object without keeping it alive.
+
+    A dict from ``id(tensor)`` to ``(weakref, value)``; an entry counts only while its weakref
+    still points at the very same tensor, so a recycled id never returns another tensor's value.
+    Several times cheaper per lookup than ``torch.utils.weak.WeakIdKeyDictionary`` (no callback,
+    no wrapper objects); dead entries are swept when the memo grows large and dropped each step.
+    """
+
+    __slots__ = ("_d", "_limit")
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self._d: dict[int, tuple[Any, Any]] = {}
+        self._limit = limit
+
+    def get(self, t: torch.Tensor) -> Any:
+        e = self._d.get(id(t))
+        if e is not None and e[0]() is t:
+            return e[1]
+        return None
+
+    def __contains__(self, t: torch.Tensor) -> bool:
+        return self.get(t) is not None
+
+    def __setitem__(self, t: torch.Tensor, value: Any) -> None:
+        d = self._d
+        if len(d) >= self._limit:
+            for k in [k for k, e in d.items() if e[0]() is None]:
+                del d[k]
+            if len(d) >= self._limit:
+                self._limit *= 2
+        d[id(t)] = (_weakref(t), value)
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
 class CaptureSession:
     """State shared by all interceptors of one dump."""
 
@@ -101,7 +141,12 @@ class CaptureSession:
         self._next_id = 0
         self._name_counters: dict[str, int] = {}
         self._call_counters: dict[tuple[str, str, str], int] = {}
-        self._producers: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> (rid, out_idx, version)
+        self._producers = TensorMemo()  # tensor -> (rid, out_idx, version)
+        # Statistics reuse (only while every write is seen, i.e. at aten level; see reuse_stats):
+        # tensor -> (version, storage ptr, storage write generation, stats) and ptr -> generation
+        self.reuse_stats = False
+        self._measured = TensorMemo()
+        self._write_gen: dict[int, int] = {}
         self._pending: list[OpRecord] = []
         self._pending_stats: list[torch.Tensor] = []
         self._pending_slots: list[TensorEntry] = []
@@ -158,7 +203,9 @@ class CaptureSession:
             self._next_id = 0
             self._name_counters.clear()
             self._call_counters.clear()
-            self._producers = WeakIdKeyDictionary()
+            self._producers.clear()
+            self._measured.clear()
+            self._write_gen.clear()
             self.tracker.new_step()
             if self._stacks is not None:
                 self._stacks.reset()
@@ -269,8 +316,10 @@ class CaptureSession:
                     if prod is not None and prod[2] == v._version:
                         e.producer = [prod[0], prod[1]]
                 if want_io and arg not in no_values:
-                    st = stats_tensor(v)
-                    if st is not None:
+                    st = self._stats_of(v)
+                    if isinstance(st, list):
+                        e.stats = stats_to_dict(st)
+                    elif st is not None:
                         self._pending_stats.append(st)
                         self._pending_slots.append(e)
                     if o.mode == "md5":
@@ -289,6 +338,78 @@ class CaptureSession:
                 if val is not None or v is None:
                     entries.append(TensorEntry(io=io, arg=arg, kind="none" if v is None else "scalar", value=val))
         return entries
+
+    # ---- statistics reuse ------------------------------------------------------------------
+    # A tensor is measured once per value: when an op's input is a tensor already measured (an
+    # earlier op's output, a parameter used again) and neither its version counter nor any write
+    # to its storage seen since says it changed, its statistics are reused. Writes through an
+    # alias with its own version counter (``p.data.add_()``) are why the storage generation is
+    # kept: the aten-level mode reports every kernel's written arguments (note_writes). Other
+    # levels do not see every write, so they always measure.
+    def _stats_of(self, v: torch.Tensor) -> list[float] | torch.Tensor | None:
+        """Statistics of ``v``: host floats on the CPU, a pending device tensor elsewhere."""
+        if self.reuse_stats:
+            hit = self._measured.get(v)
+            if hit is not None:
+                try:
+                    if hit[0] == v._version and self._write_gen.get(hit[1], 0) == hit[2]:
+                        return hit[3]
+                except RuntimeError:  # inference tensors have no version counter
+                    pass
+        st = host_stats(v) if v.device.type == "cpu" else stats_tensor(v)
+        if self.reuse_stats and st is not None:
+            self._remember(v, st)
+        return st
+
+    def _remember(self, v: torch.Tensor, st: list[float] | torch.Tensor) -> None:
+        try:
+            ptr = v.untyped_storage().data_ptr()
+            self._measured[v] = (v._version, ptr, self._write_gen.get(ptr, 0), st)
+        except (RuntimeError, NotImplementedError, TypeError):  # no storage/version (inference, subclasses)
+            pass
+
+    def note_writes(self, tensors: Iterable[Any]) -> None:
+        """An op wrote into these tensors: statistics measured through any alias are stale."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                try:
+                    ptr = t.untyped_storage().data_ptr()
+                except (RuntimeError, NotImplementedError):
+                    continue
+                self._write_gen[ptr] = self._write_gen.get(ptr, 0) + 1
+
+    def expect_version_bump(self, tensors: Iterable[Any]) -> None:
+        """These tensors were just written by a single-tensor in-place/out op, whose version
+        counter autograd bumps only after the dispatch mode returns: what was noted about them
+        (statistics, producer) describes the next version. (If the bump does not come, the
+        entries simply never match again: a re-measurement, never a stale value.)"""
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            for memo, vi in ((self._measured, 0), (self._producers, 2)):
+                e = memo.get(t)
+                if e is not None:
+                    try:
+                        if e[vi] == t._version:
+                            memo[t] = e[:vi] + (e[vi] + 1,) + e[vi + 1:]
+                    except RuntimeError:
+                        pass
+
+    def same_values(self, src: Any, dst: Any) -> None:
+        """``dst`` holds exactly ``src``'s elements (a view, transpose or clone of it): give it
+        ``src``'s statistics if they are known and current, instead of measuring it again."""
+        if not self.reuse_stats or not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor) \
+                or src.dtype != dst.dtype or src.device != dst.device or src.numel() != dst.numel():
+            return
+        hit = self._measured.get(src)
+        if hit is None:
+            return
+        try:
+            if hit[0] != src._version or self._write_gen.get(hit[1], 0) != hit[2]:
+                return
+        except RuntimeError:
+            return
+        self._remember(dst, hit[3])
 
     def note_outputs(self, rid: int, outputs: list[tuple[str, Any]], overwrite: bool = True) -> None:
         """Remember which record produced each output tensor (for the inputs' ``producer``)."""

@@ -31,6 +31,15 @@ from ..capture.stats import stats_to_dict
 
 log = logging.getLogger("torchparity")
 
+try:  # orjson encodes records ~5x faster than json.dumps; the writer thread then holds the GIL less
+    from orjson import dumps as _orjson_dumps
+
+    def _record_line(d: dict[str, Any]) -> str:
+        return _orjson_dumps(d).decode() + "\n"
+except ImportError:  # pragma: no cover - orjson is a dependency; stay usable without it
+    def _record_line(d: dict[str, Any]) -> str:
+        return json.dumps(d, allow_nan=False) + "\n"
+
 
 @dataclass
 class Batch:
@@ -196,7 +205,7 @@ class DumpWriter:
                 entry.stats = stats_to_dict(row)
         if b.tensors:
             self._write_tensors(rf, b)
-        lines = "".join(json.dumps(r.to_json(), allow_nan=False) + "\n" for r in b.records)
+        lines = "".join(_record_line(r.to_json()) for r in b.records)
         rf.records.write(lines)
         self._sync(rf.records)
         rf.n_records += len(b.records)

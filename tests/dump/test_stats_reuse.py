@@ -1,0 +1,161 @@
+"""Statistics reuse at aten level: each tensor value is measured once, never a stale value.
+
+The aten-level dump reuses the statistics of an input that an earlier op produced (or that was
+measured before) when nothing wrote to it since. These tests pin the cases where reuse would be
+wrong (in-place ops, writes through ``.data``/views with their own version counter) and check that
+a whole training step records the same statistics with reuse on and off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchparity
+from torchparity.capture.stats import host_stats
+from torchparity.toymodels import make_batches, make_model, train
+
+
+def _records(d: Path, step: int = 0) -> list[dict]:
+    lines = (d / f"step{step}" / "rank0" / "records.jsonl").read_text().splitlines()
+    return sorted((json.loads(x) for x in lines), key=lambda r: r["id"])
+
+
+def _first(recs: list[dict], op: str) -> dict:
+    return next(r for r in recs if r["op"].startswith(op))
+
+
+def _stats(rec: dict, io: str, arg: str = "0") -> dict:
+    return next(t["stats"] for t in rec["tensors"] if t["io"] == io and t["arg"] == arg)
+
+
+def test_write_through_data_alias_is_not_hidden(tmp_path: Path) -> None:
+    x = torch.randn(64)
+    with torchparity.dump(str(tmp_path / "d"), level="aten"):
+        y = x * 2                 # y measured as mul's output
+        y.data.mul_(3)            # .data has its own version counter: y._version does not move
+        z = y + 1                 # add must see y as it is now
+        del z
+    recs = _records(tmp_path / "d")
+    seen = _stats(_first(recs, "aten.add.Tensor"), "input")
+    assert seen["max"] == pytest.approx((x * 6).max().item(), rel=1e-6)
+    assert seen["max"] != pytest.approx((x * 2).max().item(), rel=1e-3)
+
+
+def test_in_place_op_remeasures_its_input_afterwards(tmp_path: Path) -> None:
+    x = torch.arange(1.0, 9.0)
+    with torchparity.dump(str(tmp_path / "d"), level="aten"):
+        y = x.clone()
+        y.add_(10)
+        w = y.sum()
+        del w
+    recs = _records(tmp_path / "d")
+    add = _first(recs, "aten.add_.Tensor")
+    assert _stats(add, "input")["max"] == 8.0     # recorded before the op mutated it
+    assert _stats(add, "output")["max"] == 18.0
+    assert _stats(_first(recs, "aten.sum"), "input")["max"] == 18.0
+
+
+def test_views_share_statistics_with_their_base(tmp_path: Path) -> None:
+    w = torch.randn(16, 8)
+    with torchparity.dump(str(tmp_path / "d"), level="aten"):
+        wt = w.t()
+        out = wt.reshape(-1).mul(2)
+        del out
+    recs = _records(tmp_path / "d")
+    t_rec = _first(recs, "aten.t")
+    assert _stats(t_rec, "output") == _stats(t_rec, "input")
+    assert _stats(t_rec, "input")["norm"] == pytest.approx(torch.linalg.vector_norm(w).item(), rel=1e-6)
+
+
+def test_write_to_a_view_invalidates_the_base(tmp_path: Path) -> None:
+    x = torch.zeros(4, 4)
+    with torchparity.dump(str(tmp_path / "d"), level="aten"):
+        y = x + 1                          # y measured: max 1
+        y.detach()[0].fill_(5)             # the detached view writes into y's storage
+        s = y.sum()
+        del s
+    recs = _records(tmp_path / "d")
+    assert _stats(_first(recs, "aten.sum"), "input")["max"] == 5.0
+
+
+def test_training_step_statistics_same_with_and_without_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchparity.capture import aten_mode
+
+    def run(out: Path, reuse: bool) -> list[dict]:
+        if not reuse:
+            orig = aten_mode.AtenCaptureMode.__init__
+
+            def no_reuse(self, session, collectives_only=False):  # type: ignore[no-untyped-def]
+                orig(self, session, collectives_only)
+                session.reuse_stats = False
+            monkeypatch.setattr(aten_mode.AtenCaptureMode, "__init__", no_reuse)
+        with torchparity.dump(str(out), level="aten"):
+            train(make_model(), make_batches(2))
+        monkeypatch.undo()
+        return _records(out, 1)
+
+    a, b = run(tmp_path / "reuse", True), run(tmp_path / "plain", False)
+    assert [r["name"] for r in a] == [r["name"] for r in b] and len(a) > 200
+    compared = 0
+    for ra, rb in zip(a, b):
+        for ta, tb in zip(ra["tensors"], rb["tensors"]):
+            assert (ta.get("stats") is None) == (tb.get("stats") is None), ra["name"]
+            if ta.get("stats"):
+                for k in ("max", "min", "mean", "norm", "nan", "inf"):
+                    va, vb = ta["stats"][k], tb["stats"][k]
+                    if isinstance(va, str) or isinstance(vb, str):
+                        assert va == vb, (ra["name"], k)
+                    else:
+                        assert va == pytest.approx(vb, rel=1e-5, abs=1e-6), (ra["name"], ta["io"], ta["arg"], k)
+                compared += 1
+    assert compared > 500
+
+
+@pytest.mark.parametrize("t", [torch.randn(300), torch.randn(30, 20).t(), torch.randn(50).half(),
+                               torch.randn(50).bfloat16(), torch.arange(7), torch.tensor(2.5)])
+def test_host_stats_match_definitions(t: torch.Tensor) -> None:
+    got = host_stats(t)
+    f = t.double()
+    want = [f.max().item(), f.min().item(), f.mean().item(), torch.linalg.vector_norm(f).item(), 0, 0]
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def test_host_stats_norm_does_not_overflow_and_counts_nonfinite() -> None:
+    big = host_stats(torch.tensor([3e30, 4e30]))
+    assert big is not None and big[3] == pytest.approx(5e30, rel=1e-6)  # float32 squares would be inf
+    bad = host_stats(torch.tensor([float("nan"), 1.0, float("inf"), float("-inf")]))
+    assert bad is not None and bad[4:] == [1.0, 2.0] and math.isnan(bad[0])
+
+
+def test_in_place_result_links_to_its_producer_and_is_not_remeasured(tmp_path: Path) -> None:
+    from torchparity.capture import session as session_mod
+
+    x = torch.randn(32)
+    calls: list[int] = []
+    orig = session_mod.host_stats
+
+    def counting(t: torch.Tensor):  # type: ignore[no-untyped-def]
+        calls.append(t.numel())
+        return orig(t)
+
+    session_mod.host_stats = counting
+    try:
+        with torchparity.dump(str(tmp_path / "d"), level="aten"):
+            y = x * 2
+            y.add_(1)         # autograd bumps y's version after the dispatch mode returns
+            z = y * 3
+            del z
+    finally:
+        session_mod.host_stats = orig
+    recs = _records(tmp_path / "d")
+    add = _first(recs, "aten.add_.Tensor")
+    mul2 = [r for r in recs if r["op"] == "aten.mul.Tensor"][1]
+    y_in = next(t for t in mul2["tensors"] if t["io"] == "input" and t["arg"] == "0")
+    assert y_in["producer"] == [add["id"], 0]
+    # x, y (mul out), add_ output, z: the add_ result is reused as mul's input, not measured again
+    assert len(calls) == 4
