@@ -10,16 +10,31 @@ How it works (one :class:`~torch.utils._python_dispatch.TorchDispatchMode`):
 
 * Every floating-point tensor an op reads or writes gets a *screen*: one small reduction computed
   on the tensor's own device (``sum`` in float32 or wider, which is non-finite exactly when the
-  tensor holds a NaN/Inf or the sum itself overflows, see :func:`_screen`). Screens of op outputs
-  are remembered per tensor (and tensor version), so an input produced by a tracked op is not
-  measured again.
-* Per op the host only appends indices to a table: which screens are its inputs, which its
-  outputs, plus the op name (as the dump names it: ``Aten.mm.3.forward``), module path, phase.
-* At a step boundary (``optimizer.step()`` or :meth:`NanInfTracker.step`) the screens are stacked
-  and folded *on the device* into two int64 scalars, "first culprit" (the first op whose outputs
-  are non-finite while every input is finite) and "first external" (the first op that read a
-  non-finite tensor that no tracked op produced: NaN in the data or parameters), and those two
-  numbers are the only values brought to the host, once per step. Nothing syncs per op.
+  tensor holds a NaN/Inf or the sum itself overflows, see :func:`_screen`). What a screen said is
+  remembered per tensor (a :class:`~torchparity.capture.session.TensorMemo` entry, valid while
+  the tensor's version counter *and* the write generation of its storage are unchanged), so a
+  tensor is measured once per value, across steps too: an input produced by a tracked op, or a
+  parameter nobody wrote since, is not measured again. Every write the tracker sees (in-place,
+  ``out=`` and ``_foreach_*_`` ops, from the ops' schemas) bumps its storage's generation, so a
+  tensor changed in place is always measured again; a single-tensor write's version bump, which
+  autograd makes only after the dispatch mode returns, is expected ahead.
+* CPU tensors (where reading a scalar costs no synchronisation): the screen is read at once and
+  each op is judged on the spot; after a step's first culprit nothing more is measured. Ops that
+  cannot turn finite inputs into a NaN/Inf (``cat``, ``index_select``, ``where``, ``relu``,
+  ``clamp``, ``amax`` ... see ``_INHERITS``) give their outputs "finite" without measuring them
+  when every input is known finite (only while no other dispatch mode, e.g. an emulated device
+  that may corrupt any op's output, runs below the tracker).
+* Other devices: per op the host only appends to lists (which screens are the op's inputs, which
+  its outputs, the op's name, module path and phase); at a step boundary (``optimizer.step()`` or
+  :meth:`NanInfTracker.step`) the screens are stacked and folded *on the device* into two int64
+  scalars, "first culprit" (the first op whose outputs are non-finite while every input is finite)
+  and "first external" (the first op that read a non-finite tensor that no tracked op produced in
+  this step: NaN in the data or parameters), and those two numbers are the only values brought to
+  the host, once per step. Nothing syncs per op.
+
+Views, copies and multiplications by a scalar of magnitude <= 1 (divisions by >= 1) hand their
+input's screen on (their result is non-finite exactly where their input is); they cannot be
+culprits.
 
 A culprit is judged from its tensor inputs and its scalar arguments: ``masked_fill(mask, -inf)``
 and ``full(..., -inf)`` are not culprits (the -inf was asked for), ops reading such tensors are
@@ -36,7 +51,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
@@ -46,7 +60,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..capture import ops as opinfo
 from ..capture.aten_mode import _SKIP as _UNCOUNTED
 from ..capture.module_tracker import Frame, ModuleTracker, tag_graph, where_now
-from ..capture.session import _tool_state, tool_is_busy, tool_work
+from ..capture.session import TensorMemo, _tool_state, tool_work
 from ..errors import TorchparityError, UsageError
 
 log = logging.getLogger("torchparity")
@@ -66,10 +80,37 @@ _OVERWRITING = frozenset({"normal_", "uniform_", "fill_", "zero_", "random_", "b
 #: ops that copy their first argument's values unchanged (or widened)
 _COPIES = frozenset({"clone", "_unsafe_view", "_to_copy", "contiguous", "lift_fresh_copy", "alias_copy",
                      "detach_copy", "view_copy", "_reshape_alias_copy"})
-_ref = weakref.ref
-_FLOAT = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+#: ops whose result is non-finite exactly where their first argument is, given a finite scalar
+#: (``neg``: always; ``mul`` by ``|c| <= 1``; ``div`` by ``|c| >= 1``): they hand the screen on
+_SCALED = {"neg": 0, "neg_": 0, "mul": 1, "mul_": 1, "div": 2, "div_": 2}
+#: ops that cannot turn finite inputs into a NaN/Inf: they select, move, compare or clip values
+#: of their inputs (or fill in zeros/ones/their finite scalar arguments). Used on the CPU only
+#: (trusted kernels), with every input known finite and every scalar in the output dtype's range.
+_INHERITS = frozenset({
+    "cat", "stack", "hstack", "vstack", "index_select", "embedding", "gather", "index", "_unsafe_index",
+    "take", "masked_select", "where", "relu", "relu_", "threshold_backward", "abs", "abs_", "clamp", "clamp_",
+    "clamp_min", "clamp_min_", "clamp_max", "clamp_max_", "hardtanh", "hardtanh_", "hardtanh_backward",
+    "amax", "amin", "max", "min", "maximum", "minimum", "fmax", "fmin", "masked_fill", "masked_fill_",
+    "masked_scatter", "masked_scatter_", "constant_pad_nd", "slice_backward", "select_backward",
+    "index_put", "index_put_", "_index_put_impl_", "index_copy", "index_copy_", "index_fill", "index_fill_",
+    "scatter", "scatter_", "slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter",
+    "flip", "roll", "repeat", "tril", "tril_", "triu", "triu_", "sort", "topk", "kthvalue", "narrow_copy",
+    "diag", "diag_embed", "zeros", "ones", "zeros_like", "ones_like", "new_zeros", "new_ones", "zero_",
+    "sign", "sgn", "ceil", "floor", "trunc", "frac", "sigmoid", "tanh", "relu6", "signbit",
+})
+#: uncounted ops whose output is their input (a new tensor object): the screen is handed on
+_SAME = frozenset({"detach", "alias", "lift_fresh"})
+#: float ranges: a cast to a dtype of higher rank (or the same) cannot overflow
+_WIDTH = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
+_FLOAT = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+_STRIDED = torch.strided
 #: screens kept on the device before an intermediate fold (bounds memory on very long steps)
 _CHUNK = 32768
+# op kinds
+_SKIP, _UNCHECKED, _ALIAS, _CHECK = 0, 1, 2, 3
+# host-side facts (CPU tensors): what the screen said; device tensors keep the 0-d screen itself
+_FINITE, _INF, _NAN = 0, 1, 2
+_EXTERNAL = -1  # producer step of a tensor no tracked op produced
 
 
 class NonFiniteError(TorchparityError):
@@ -126,18 +167,31 @@ def _screen(t: torch.Tensor) -> torch.Tensor:
     return torch.sum(t)
 
 
+def _host_fact(t: torch.Tensor) -> int:
+    """:func:`_screen` of a CPU tensor, read at once: ``_FINITE``, ``_INF`` or ``_NAN``."""
+    s = t.item() if t.numel() == 1 else _screen(t).item()
+    if s - s == 0:
+        return _FINITE
+    return _NAN if s != s else _INF
+
+
 @dataclass
 class _Pending:
-    """Screens and index lists waiting for the next fold."""
+    """Device-side screens waiting for the next fold; ``*_op`` are indices into the device table."""
 
-    values: list[torch.Tensor] = field(default_factory=list)
-    in_op: list[int] = field(default_factory=list)  # op seq of each tracked-input entry
-    in_val: list[int] = field(default_factory=list)  # screen index of each tracked-input entry
+    in_op: list[int] = field(default_factory=list)  # op of each tracked-input screen
+    in_val: list[torch.Tensor] = field(default_factory=list)
     ext_op: list[int] = field(default_factory=list)  # same, for inputs no tracked op produced
-    ext_val: list[int] = field(default_factory=list)
+    ext_val: list[torch.Tensor] = field(default_factory=list)
     out_op: list[int] = field(default_factory=list)
-    out_val: list[int] = field(default_factory=list)
-    bad_scalar_ops: list[int] = field(default_factory=list)  # ops with a NaN/Inf scalar argument
+    out_val: list[torch.Tensor] = field(default_factory=list)
+    bad_in_ops: list[int] = field(default_factory=list)  # non-finite scalar argument or CPU input
+    bad_ext_ops: list[int] = field(default_factory=list)  # non-finite external CPU input
+    bad_out_ops: list[int] = field(default_factory=list)  # non-finite CPU output (Inf)
+    nan_out_ops: list[int] = field(default_factory=list)  # NaN CPU output
+
+    def __len__(self) -> int:
+        return len(self.in_val) + len(self.ext_val) + len(self.out_val)
 
 
 class _Mode(TorchDispatchMode):
@@ -147,6 +201,23 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         return self.t._on_op(func, args, kwargs or {})
+
+
+@dataclass(frozen=True)
+class _OpInfo:
+    """What the tracker needs to know about an op overload (computed once per overload)."""
+
+    kind: int
+    prefix: str  # Aten | Distributed
+    base: str
+    op: str
+    first: int  # index of the first argument that is an input (1 when arg 0 is overwritten)
+    out_only: frozenset  # positions and names of written arguments that are not inputs (out=)
+    writes: tuple  # (position, name, is a list) of every written argument
+    alias_src: int  # views/copies: position of the argument whose screen the outputs share (-1: none)
+    scaled: int  # -1, or _SCALED's kind
+    inherits: bool
+    view: bool
 
 
 class NanInfTracker:
@@ -186,7 +257,16 @@ class NanInfTracker:
         self._first_optimizer: int | None = None
         self._in_optimizer = False
         self._lock = threading.RLock()
-        self._info: dict[Any, tuple[str, str, str, bool, bool, bool, int]] = {}
+        self._info: dict[Any, _OpInfo] = {}
+        # what screens said, per tensor: (version, storage ptr, write generation, fact
+        # (_FINITE/_INF/_NAN, or the device 0-d screen), producer step or _EXTERNAL)
+        self._memo = TensorMemo()
+        self._gen: dict[int, int] = {}  # storage ptr -> write generation (writes seen by the tracker)
+        self._stale = True  # the memo may have missed writes: clear it before the next tracked op
+        self._inherit = True  # no other dispatch mode below the tracker: CPU inheritance is safe
+        #: read CPU screens at once (False: fold them like device screens; tests use it to run the
+        #: device path on the CPU)
+        self._host_read = True
         self._reset_step()
 
     # ---- public ------------------------------------------------------------------------------
@@ -211,6 +291,8 @@ class NanInfTracker:
         self._tracker.start()
         self._hooks = [optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre),
                        optim_mod.register_optimizer_step_post_hook(self._on_opt_post)]
+        self._stale = True
+        self._inherit = self._host_read and not _other_modes()
         self._mode = _Mode(self)
         self._mode.__enter__()
         return self
@@ -230,6 +312,7 @@ class NanInfTracker:
                 self._tracker.stop()
                 self._tracker = None
         self._end_step(raise_now=_raise, advance=False)
+        self._clear_memo()
 
     def step(self) -> None:
         """End the current step by hand: check it (one host read), report, maybe raise."""
@@ -247,23 +330,34 @@ class NanInfTracker:
 
     # ---- steps -------------------------------------------------------------------------------
     def _reset_step(self) -> None:
-        # per checked op: (prefix, base, call, op, module, module class, phase); name = prefix.base.call.phase
-        self._table: list[tuple[str, str, int, str, str, str | None, str]] = []
         self._counters: dict[tuple[str, str, str], int] = {}
-        # id(tensor) -> (weakref, screen index, tensor version, external?); the weakref tells a
-        # live tensor from a new one that reuses a freed id
-        self._screens: dict[int, tuple[Any, int, int, bool]] = {}
+        self._seq = 0  # tracked (checked) ops so far in this step
+        # host-judged (CPU) ops: the first culprit (seq, name row, value) and first external reader
+        self._host_culprit: tuple[int, tuple, str] | None = None
+        self._host_entered: tuple[int, tuple] | None = None
+        # device-judged ops: one name row per op (with its seq), screens pending, folded state
+        self._table: list[tuple[int, tuple]] = []
+        self._folded = 0  # rows of _table already folded
         self._pending = _Pending()
-        self._state: torch.Tensor | None = None  # device int64 [first culprit key, first external seq]
+        self._state: torch.Tensor | None = None  # device int64 [first culprit key, first external row]
         self._state_device: torch.device | None = None
         self._keep: list[torch.Tensor] = []  # pinned index tensors in flight to the device
         self._active = self.steps is None or self.current_step in self.steps
+        if self._mode is not None:
+            self._inherit = self._host_read and not _other_modes()
         if self._tracker is not None:
             self._tracker.new_step()
+
+    def _clear_memo(self) -> None:
+        self._memo.clear()
+        self._gen.clear()
+        self._stale = False
 
     def _end_step(self, raise_now: bool, advance: bool = True) -> None:
         with self._lock:
             finding = self._read() if self._active else None
+            if self._host_culprit is not None:
+                self._stale = True  # nothing was measured after the culprit
             if finding is not None and finding.kind == "entered" and (
                     self.first is not None or any(f.kind == "entered" for f in self.findings)):
                 finding = None  # data/parameter NaN is reported once, and only before any culprit
@@ -298,168 +392,319 @@ class NanInfTracker:
             return
         tag_graph(output, (frame.path, frame.cls), stop_at=getattr(frame, "stop_nodes", None), key=_META_KEY)
 
-    def _where(self) -> tuple[str, str, str | None]:
-        """(phase, module path, module class) of the running op."""
-        return where_now(self._tracker, self._in_optimizer, _META_KEY)
+    def _phase(self) -> str:
+        """The running op's phase (as :func:`where_now` names it), without the module lookup."""
+        if self._in_optimizer:
+            return "optimizer"
+        if _graph_task_id() != -1:
+            frame = self._tracker.current() if self._tracker is not None else None
+            return "recompute" if frame is not None and frame.recompute else "backward"
+        return "forward"
+
+    def _row(self, info: _OpInfo, call: int) -> tuple:
+        """(prefix, base, call, op, module, module class, phase) of the running op."""
+        phase, module, module_class = where_now(self._tracker, self._in_optimizer, _META_KEY)
+        return (info.prefix, info.base, call, info.op, module, module_class, phase)
 
     # ---- per op (hot path) -------------------------------------------------------------------
-    def _op_info(self, func: Any) -> tuple[str, str, str, bool, bool, bool, int]:
-        info = self._info.get(func)
-        if info is None:
-            base = opinfo.base_name(func)
-            ns = opinfo.namespace(func)
-            prefix = "Distributed" if opinfo.is_collective(func) else "Aten"
-            uncounted = base in _UNCOUNTED or ns == "profiler"
-            # views and copies hand their input's values on and cannot create a NaN/Inf: their
-            # outputs share the input's screen; uninitialised results mean nothing
-            alias = 1 if base == "copy_" else 0 if (opinfo.is_view(func) or base in _COPIES) else -1
-            unchecked = opinfo.is_uninitialised(func) or uncounted
-            info = (base, str(func), prefix, uncounted, unchecked, base in _OVERWRITING, alias)
-            self._info[func] = info
+    def _op_info(self, func: Any) -> _OpInfo:
+        base = opinfo.base_name(func)
+        ns = opinfo.namespace(func)
+        prefix = "Distributed" if opinfo.is_collective(func) else "Aten"
+        writes = opinfo.written_args(func)
+        schema = getattr(func, "_schema", None)
+        out_only: set[Any] = set()
+        for i, name, _ in writes:
+            if schema is not None and schema.arguments[i].kwarg_only:
+                out_only.update((i, name))
+        if base in _UNCOUNTED or ns == "profiler":
+            kind = _SKIP
+        elif opinfo.is_uninitialised(func):
+            kind = _UNCHECKED
+        else:
+            kind = _CHECK
+        # views and copies hand their input's values on and cannot create a NaN/Inf: their
+        # outputs share the input's screen; uninitialised results mean nothing
+        alias = 1 if base == "copy_" else 0 if (opinfo.is_view(func) or base in _COPIES or base in _SAME) else -1
+        info = _OpInfo(kind=kind, prefix=prefix, base=base, op=str(func), first=1 if base in _OVERWRITING else 0,
+                       out_only=frozenset(out_only), writes=writes, alias_src=alias,
+                       scaled=_SCALED.get(base, -1) if ns == "aten" else -1,
+                       inherits=base in _INHERITS and ns == "aten", view=opinfo.is_view(func))
+        self._info[func] = info
         return info
 
     def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if not self._active or tool_is_busy():
+        if not self._active:
+            self._stale = True  # writes in unchecked steps are not seen
             return func(*args, **kwargs)
-        base, op, prefix, uncounted, unchecked, overwriting, alias = self._op_info(func)
-        if uncounted:
+        if getattr(_tool_state, "busy", 0) > 0:
             return func(*args, **kwargs)
-        phase, module, module_class = self._where()
-        key = (prefix, base, phase)
+        info = self._info.get(func)
+        if info is None:
+            info = self._op_info(func)
+        if self._host_culprit is not None:  # the step's culprit is known: nothing after it matters
+            return func(*args, **kwargs)
+        if self._stale:
+            self._clear_memo()
+        kind = info.kind
+        if kind == _SKIP:
+            out = func(*args, **kwargs)
+            if info.alias_src == 0 and isinstance(out, torch.Tensor) and args:  # detach, alias: same values
+                e = self._memo.get(args[0])
+                if e is not None and self._current(args[0], e):
+                    self._memo[out] = e
+            return out
+        phase = self._phase()
+        key = (info.prefix, info.base, phase)
         n = self._counters.get(key, 0)
         self._counters[key] = n + 1
-        if unchecked:
-            return func(*args, **kwargs)
-        p = self._pending
-        if alias >= 0 and len(args) > alias:
-            src = args[alias]
-            if type(src) is torch.Tensor or isinstance(src, torch.Tensor):
-                if src.dtype in _FLOAT and src.layout == torch.strided:
-                    return self._aliasing(func, args, kwargs, src, p)
-        seq = len(self._table)
-        self._table.append((prefix, base, n, op, module, module_class, phase))
-        state = _tool_state
-        state.busy = getattr(state, "busy", 0) + 1  # tool_work(), inlined: this is the hot path
+        if kind == _UNCHECKED:
+            out = func(*args, **kwargs)
+            if info.writes:
+                self._note_writes(args, kwargs, info.writes)
+            return out
+        if info.alias_src >= 0 and len(args) > info.alias_src:
+            src = args[info.alias_src]
+            if isinstance(src, torch.Tensor) and src.dtype in _FLOAT and src.layout == _STRIDED:
+                if not src.numel():
+                    out = func(*args, **kwargs)
+                    if info.writes:
+                        self._note_writes(args, kwargs, info.writes)
+                    return out
+                return self._aliasing(func, args, kwargs, src, info, n)
+        elif info.scaled >= 0 and self._inherit and self._host_read and args and isinstance(args[0], torch.Tensor) \
+                and _scales_down(info.scaled, args, kwargs):
+            src = args[0]
+            if src.dtype in _FLOAT and src.layout == _STRIDED and src.is_cpu and src.numel():
+                return self._aliasing(func, args, kwargs, src, info, n)
+        return self._checked(func, args, kwargs, info, n)
+
+    def _current(self, t: torch.Tensor, e: tuple) -> bool:
+        """Does the memo entry ``e`` of ``t`` still describe its value?"""
         try:
-            first = 1 if overwriting else 0  # the overwritten destination is not an input
-            for i, a in enumerate(args):
-                if i < first:
-                    continue
-                if isinstance(a, torch.Tensor):
-                    self._input(a, seq, p)
-                elif isinstance(a, (list, tuple)):
-                    for x in a:
-                        if isinstance(x, torch.Tensor):
-                            self._input(x, seq, p)
-                elif isinstance(a, float) and not math.isfinite(a):
-                    p.bad_scalar_ops.append(seq)
-            if kwargs:
-                for k, a in kwargs.items():
-                    if isinstance(a, torch.Tensor):
-                        if k != "out":
-                            self._input(a, seq, p)
-                    elif isinstance(a, float) and not math.isfinite(a):
-                        p.bad_scalar_ops.append(seq)
+            v = t._version
+        except RuntimeError:  # inference tensors have no version counter
+            v = None
+        return e[0] == v and self._gen.get(e[1], 0) == e[2]
+
+    def _entry(self, t: torch.Tensor) -> tuple:
+        """``t``'s memo entry (version, storage ptr, write generation, fact, producer step) if
+        current; else ``t`` is screened now (an input no tracked op produced since it changed)."""
+        e = self._memo.get(t)
+        if e is not None and self._current(t, e):
+            return e
+        return self._remember(t, _EXTERNAL, None, 0)
+
+    def _remember(self, t: torch.Tensor, producer: int, fact: Any, bump: int, ptr: int | None = None) -> tuple:
+        """Screen ``t`` (unless ``fact`` is given) and remember it. ``bump``: 1 for a tensor a
+        single-tensor op just wrote (its version counter is bumped after the mode returns)."""
+        if fact is None:
+            fact = _host_fact(t) if t.is_cpu and self._host_read else _screen(t)
+        try:
+            v = t._version + bump
+        except RuntimeError:
+            v = None
+        try:
+            if ptr is None:
+                ptr = t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError, TypeError):  # no storage (subclasses): not remembered
+            return (v, -1, -1, fact, producer)
+        e = (v, ptr, self._gen.get(ptr, 0), fact, producer)
+        self._memo[t] = e
+        return e
+
+    def _note_writes(self, args: tuple, kwargs: dict, writes: tuple) -> list[tuple[torch.Tensor, int, int]]:
+        """Bump the write generation of every tensor the op wrote; returns (tensor, bump, ptr)."""
+        gen = self._gen
+        out = []
+        for i, name, is_list in writes:
+            v = args[i] if i < len(args) else kwargs.get(name)
+            if v is None:
+                continue
+            for t in (v if is_list else (v,)):
+                if isinstance(t, torch.Tensor):
+                    try:
+                        ptr = t.untyped_storage().data_ptr()
+                    except (RuntimeError, NotImplementedError, TypeError):
+                        continue
+                    gen[ptr] = gen.get(ptr, 0) + 1
+                    out.append((t, 0 if is_list else 1, ptr))
+        return out
+
+    def _aliasing(self, func: Any, args: tuple, kwargs: dict, src: torch.Tensor, info: _OpInfo, n: int) -> Any:
+        """A view, copy or exact scaling: its outputs share the screen of ``src`` (no table entry;
+        it cannot be a culprit). Narrowing casts (float32 -> float16 can overflow) are checked."""
+        state = _tool_state
+        state.busy = getattr(state, "busy", 0) + 1
+        try:
+            hit = self._entry(src)
         finally:
             state.busy -= 1
         out = func(*args, **kwargs)
         state.busy += 1
         try:
-            screens = self._screens
-            values = p.values
+            written = self._note_writes(args, kwargs, info.writes) if info.writes else ()
             for t in (out,) if isinstance(out, torch.Tensor) else _tensors(out):
-                if t.dtype in _FLOAT and t.layout == torch.strided and t.numel():
-                    idx = len(values)
-                    values.append(_screen(t))
-                    p.out_op.append(seq)
-                    p.out_val.append(idx)
-                    screens[id(t)] = (_ref(t), idx, t._version, False)
-            if len(values) >= _CHUNK:
-                self._fold()
+                if t.dtype not in _FLOAT or t.layout != _STRIDED:
+                    continue
+                bump, ptr = 0, (hit[1] if info.view else None)
+                for w, b, p in written:
+                    if w is t:
+                        bump, ptr = b, p
+                if t.dtype == src.dtype or _WIDTH[t.dtype] > _WIDTH[src.dtype]:
+                    if t.is_cpu == src.is_cpu or type(hit[3]) is int:
+                        self._remember(t, hit[4], hit[3], bump, ptr)
+                    else:  # a device screen for a CPU copy (or back): measured where it lives
+                        self._remember(t, hit[4], None, bump, ptr)
+                elif t.numel():  # a narrowing cast: may overflow, so it is measured
+                    seq = self._seq
+                    self._seq = seq + 1
+                    self._judge(info, n, seq, [hit], False, [self._remember(t, self.current_step, None, bump, ptr)])
         finally:
             state.busy -= 1
         return out
 
-    def _lookup(self, t: torch.Tensor) -> tuple[Any, int, int, bool] | None:
-        """The screen entry of ``t`` if it is current (same tensor object, same version)."""
-        e = self._screens.get(id(t))
-        if e is not None and e[0]() is t and e[2] == t._version:
-            return e
-        return None
-
-    def _aliasing(self, func: Any, args: tuple, kwargs: dict, src: torch.Tensor, p: _Pending) -> Any:
-        """A view or copy: its outputs share the screen of ``src`` (no op-table entry; it cannot
-        be a culprit). Narrowing casts (float32 -> float16 can overflow) are checked normally."""
-        hit = self._lookup(src)
-        if hit is None:
-            if not src.numel():
-                return func(*args, **kwargs)
-            with tool_work():
-                hit = (_ref(src), len(p.values), src._version, True)
-                p.values.append(_screen(src))
-            self._screens[id(src)] = hit
+    def _checked(self, func: Any, args: tuple, kwargs: dict, info: _OpInfo, n: int) -> Any:
+        """An op that may create a NaN/Inf: screen its inputs (before it runs: in-place ops
+        overwrite them) and outputs, and judge it."""
+        seq = self._seq
+        self._seq = seq + 1
+        ins: list[tuple] = []
+        widest = -1  # widest float input (inheritance must not narrow)
+        bad_scalar = False
+        state = _tool_state
+        state.busy = getattr(state, "busy", 0) + 1
+        try:
+            first, out_only = info.first, info.out_only
+            for i, a in enumerate(args):
+                if i < first:
+                    continue
+                if isinstance(a, torch.Tensor):
+                    if a.dtype in _FLOAT and a.layout == _STRIDED and a.numel() and i not in out_only:
+                        ins.append(self._entry(a))
+                        widest = max(widest, _WIDTH[a.dtype])
+                elif isinstance(a, (list, tuple)):
+                    for x in a:
+                        if isinstance(x, torch.Tensor) and x.dtype in _FLOAT and x.layout == _STRIDED and x.numel():
+                            ins.append(self._entry(x))
+                            widest = max(widest, _WIDTH[x.dtype])
+                elif isinstance(a, float) and not math.isfinite(a):
+                    bad_scalar = True
+            if kwargs:
+                for k, a in kwargs.items():
+                    if isinstance(a, torch.Tensor):
+                        if a.dtype in _FLOAT and a.layout == _STRIDED and a.numel() and k not in out_only:
+                            ins.append(self._entry(a))
+                            widest = max(widest, _WIDTH[a.dtype])
+                    elif isinstance(a, float) and not math.isfinite(a):
+                        bad_scalar = True
+        finally:
+            state.busy -= 1
         out = func(*args, **kwargs)
-        for t in (out,) if isinstance(out, torch.Tensor) else _tensors(out):
-            if t.dtype in _FLOAT and (t.dtype == src.dtype or t.element_size() > src.element_size()):
-                self._screens[id(t)] = (_ref(t), hit[1], t._version, hit[3])
-            elif t.dtype in _FLOAT and t.numel():  # a narrowing cast: may overflow, so it is measured
-                self._narrowing(func, t, hit, p)
+        state.busy += 1
+        try:
+            written = self._note_writes(args, kwargs, info.writes) if info.writes else ()
+            outs = [out] if isinstance(out, torch.Tensor) else _tensors(out)
+            for w, _, _ in written:
+                if not any(w is t for t in outs):
+                    outs.append(w)
+            # CPU, trusted kernels: an op that cannot create a NaN/Inf, with finite inputs and
+            # in-range scalars, has finite outputs: nothing to measure
+            known = info.inherits and self._inherit and not bad_scalar and all(e[3] is _FINITE for e in ins) \
+                and _inherits_into(outs, widest) and _scalars_in_range(args, kwargs, outs)
+            producer = self.current_step
+            res = []
+            for t in outs:
+                if t.dtype in _FLOAT and t.layout == _STRIDED and t.numel():
+                    bump, ptr = 0, None
+                    for w, b, p in written:
+                        if w is t:
+                            bump, ptr = b, p
+                    res.append(self._remember(t, producer, _FINITE if known else None, bump, ptr))
+            if not known:
+                self._judge(info, n, seq, ins, bad_scalar, res)
+        finally:
+            state.busy -= 1
         return out
 
-    def _narrowing(self, func: Any, t: torch.Tensor, hit: tuple[Any, int, int, bool], p: _Pending) -> None:
-        base, op, prefix, *_ = self._op_info(func)
-        phase, module, module_class = self._where()
-        n = self._counters[(prefix, base, phase)] - 1
-        seq = len(self._table)
-        self._table.append((prefix, base, n, op, module, module_class, phase))
-        (p.ext_op if hit[3] else p.in_op).append(seq)
-        (p.ext_val if hit[3] else p.in_val).append(hit[1])
-        with tool_work():
-            idx = len(p.values)
-            p.values.append(_screen(t))
-        p.out_op.append(seq)
-        p.out_val.append(idx)
-        self._screens[id(t)] = (_ref(t), idx, t._version, False)
-
-    def _input(self, a: torch.Tensor, seq: int, p: _Pending) -> None:
-        if a.dtype not in _FLOAT or a.layout != torch.strided:
+    def _judge(self, info: _OpInfo, n: int, seq: int, ins: list[tuple], bad_scalar: bool, outs: list[tuple]) -> None:
+        """Culprit or propagator? On the host at once when every screen is a host fact, else
+        queued for the device fold."""
+        step = self.current_step
+        device = False
+        bad_in = bad_scalar
+        bad_ext = False
+        for e in ins:
+            f = e[3]
+            if type(f) is int:
+                if f:
+                    if e[4] == step:
+                        bad_in = True
+                    else:
+                        bad_ext = True
+            else:
+                device = True
+        out_fact = _FINITE
+        for e in outs:
+            f = e[3]
+            if type(f) is int:
+                if f > out_fact:
+                    out_fact = f
+            else:
+                device = True
+        if not device:
+            if bad_ext and self._host_entered is None:
+                self._host_entered = (seq, self._row(info, n))
+            if out_fact and not bad_in and not bad_ext:
+                self._host_culprit = (seq, self._row(info, n), "NaN" if out_fact == _NAN else "Inf")
             return
-        e = self._screens.get(id(a))
-        if e is not None and e[0]() is a and e[2] == a._version:
-            (p.ext_op if e[3] else p.in_op).append(seq)
-            (p.ext_val if e[3] else p.in_val).append(e[1])
-            return
-        if not a.numel():
-            return
-        idx = len(p.values)
-        p.values.append(_screen(a))
-        p.ext_op.append(seq)
-        p.ext_val.append(idx)
-        self._screens[id(a)] = (_ref(a), idx, a._version, True)
+        j = len(self._table)
+        self._table.append((seq, self._row(info, n)))
+        p = self._pending
+        if bad_in:
+            p.bad_in_ops.append(j)
+        if bad_ext:
+            p.bad_ext_ops.append(j)
+        if out_fact:
+            (p.nan_out_ops if out_fact == _NAN else p.bad_out_ops).append(j)
+        for e in ins:
+            f = e[3]
+            if type(f) is not int:
+                if e[4] == step:
+                    p.in_op.append(j)
+                    p.in_val.append(f)
+                else:
+                    p.ext_op.append(j)
+                    p.ext_val.append(f)
+        for e in outs:
+            f = e[3]
+            if type(f) is not int:
+                p.out_op.append(j)
+                p.out_val.append(f)
+                if self._state_device is None:
+                    self._state_device = f.device
+        if len(p) >= _CHUNK:
+            self._fold()
 
     # ---- folding (device side) ---------------------------------------------------------------
     def _fold(self) -> None:
         """Reduce the pending screens into the device state (no host sync)."""
         p = self._pending
         self._pending = _Pending()
-        self._screens = {}  # screen indices restart with the next chunk
-        n_ops = len(self._table)
-        if n_ops == 0 or not (p.out_op or p.in_op or p.ext_op or p.bad_scalar_ops):
-            return  # only views/copies so far: nothing can have been created
+        start, end = self._folded, len(self._table)
+        self._folded = end
+        n_ops = end - start
+        if n_ops == 0:
+            return
         dev = self._state_device
         if dev is None:
-            devs = {v.device for v in p.values}
-            dev = next((d for d in devs if d.type != "cpu"), torch.device("cpu"))
+            dev = next((v.device for v in p.in_val + p.ext_val if v.device.type != "cpu"), torch.device("cpu"))
             self._state_device = dev
         with tool_work():
-            if p.values:
-                vals = [v if v.device == dev else v.to(dev, non_blocking=True) for v in p.values]
-                stacked = torch.stack(vals)  # type promotion: float32 screens, float64 if any
-                nonfinite = ~torch.isfinite(stacked)
-                isnan = torch.isnan(stacked)
-
             def idx(xs: list[int]) -> torch.Tensor:
                 t = torch.tensor(xs, dtype=torch.long)
+                if start:
+                    t -= start
                 if dev.type == "cpu":
                     return t
                 try:  # pinned, so that the copy is asynchronous (no host sync)
@@ -469,27 +714,31 @@ class NanInfTracker:
                 self._keep.append(t)
                 return t.to(dev, non_blocking=True)
 
-            zeros = torch.zeros(n_ops, dtype=torch.int32, device=dev)
-            in_bad = zeros.clone()
-            if p.in_op:
-                in_bad.index_add_(0, idx(p.in_op), nonfinite[idx(p.in_val)].to(torch.int32))
-            ext_bad = zeros.clone()
-            if p.ext_op:
-                ext_bad.index_add_(0, idx(p.ext_op), nonfinite[idx(p.ext_val)].to(torch.int32))
-            if p.bad_scalar_ops:
-                in_bad.index_fill_(0, idx(p.bad_scalar_ops), 1)
-            out_bad = zeros.clone()
-            out_nan = zeros
-            if p.out_op:
-                o_op, o_val = idx(p.out_op), idx(p.out_val)
-                out_bad.index_add_(0, o_op, nonfinite[o_val].to(torch.int32))
-                out_nan = zeros.clone().index_add_(0, o_op, isnan[o_val].to(torch.int32))
-            seqs = torch.arange(n_ops, dtype=torch.long, device=dev)
+            def flags(ops: list[int], vals: list[torch.Tensor], test: Any) -> torch.Tensor:
+                """Per op: how many of its screens in ``vals`` pass ``test``."""
+                acc = torch.zeros(n_ops, dtype=torch.int32, device=dev)
+                if ops:
+                    stacked = torch.stack([v if v.device == dev else v.to(dev, non_blocking=True) for v in vals])
+                    acc.index_add_(0, idx(ops), test(stacked).to(torch.int32))
+                return acc
+
+            def nonfinite(x: torch.Tensor) -> torch.Tensor:
+                return ~torch.isfinite(x)
+
+            in_bad = flags(p.in_op, p.in_val, nonfinite)
+            ext_bad = flags(p.ext_op, p.ext_val, nonfinite)
+            out_bad = flags(p.out_op, p.out_val, nonfinite)
+            out_nan = flags(p.out_op, p.out_val, torch.isnan)
+            for ops, acc in ((p.bad_in_ops, in_bad), (p.bad_ext_ops, ext_bad), (p.bad_out_ops, out_bad),
+                             (p.nan_out_ops, out_bad), (p.nan_out_ops, out_nan)):
+                if ops:
+                    acc.index_fill_(0, idx(ops), 1)
+            rows = torch.arange(start, end, dtype=torch.long, device=dev)
             sentinel = torch.full((), _SENTINEL, dtype=torch.long, device=dev)
             culprit = (out_bad > 0) & (in_bad == 0) & (ext_bad == 0)
-            # key = 2*seq + (0 if NaN else 1): the smallest key is the first culprit, its low bit the kind
-            c_key = torch.where(culprit, seqs * 2 + (out_nan == 0).long(), sentinel).amin()
-            e_key = torch.where(ext_bad > 0, seqs, sentinel).amin()
+            # key = 2*row + (0 if NaN else 1): the smallest key is the first culprit, its low bit the kind
+            c_key = torch.where(culprit, rows * 2 + (out_nan == 0).long(), sentinel).amin()
+            e_key = torch.where(ext_bad > 0, rows, sentinel).amin()
             new = torch.stack([c_key, e_key])
             self._state = new if self._state is None else torch.minimum(self._state, new)
 
@@ -497,20 +746,90 @@ class NanInfTracker:
         """Fold, bring the two state numbers to the host (the one sync of a step), judge."""
         with self._lock:
             self._fold()
-            if self._state is None:
-                return None
-            c_key, e_key = (int(x) for x in self._state.tolist())
-            self._keep.clear()
-            if c_key < _SENTINEL:
-                return self._finding("created", c_key // 2, "Inf" if c_key % 2 else "NaN")
-            if e_key < _SENTINEL and self.report_entered:
-                return self._finding("entered", e_key, "NaN/Inf")
+            culprit = self._host_culprit
+            entered = self._host_entered
+            if self._state is not None:
+                c_key, e_key = (int(x) for x in self._state.tolist())
+                self._keep.clear()
+                if c_key < _SENTINEL:
+                    seq, row = self._table[c_key // 2]
+                    if culprit is None or seq < culprit[0]:
+                        culprit = (seq, row, "Inf" if c_key % 2 else "NaN")
+                if e_key < _SENTINEL:
+                    seq, row = self._table[e_key]
+                    if entered is None or seq < entered[0]:
+                        entered = (seq, row)
+            if culprit is not None:
+                return self._finding("created", culprit[0], culprit[1], culprit[2])
+            if entered is not None and self.report_entered:
+                return self._finding("entered", entered[0], entered[1], "NaN/Inf")
             return None
 
-    def _finding(self, kind: str, seq: int, value: str) -> NanInfFinding:
-        prefix, base, call, op, module, module_class, phase = self._table[seq]
+    def _finding(self, kind: str, seq: int, row: tuple, value: str) -> NanInfFinding:
+        prefix, base, call, op, module, module_class, phase = row
         return NanInfFinding(kind=kind, name=f"{prefix}.{base}.{call}.{phase}", op=op, module=module, module_class=module_class,
                              phase=phase, step=self.current_step, seq=seq, value=value)
+
+
+def _graph_task_id() -> int:
+    try:
+        return torch._C._current_graph_task_id()
+    except AttributeError:  # pragma: no cover - very old torch
+        return -1
+
+
+def _other_modes() -> bool:
+    """Is another TorchDispatchMode active (one that may change what ops compute)?"""
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        return any(not isinstance(m, _Mode) for m in _get_current_dispatch_mode_stack())
+    except (ImportError, AttributeError, RuntimeError):  # pragma: no cover - be safe: no inheritance
+        return True
+
+
+def _scales_down(kind: int, args: tuple, kwargs: dict) -> bool:
+    """``neg``, ``mul`` by a finite Python scalar ``|c| <= 1`` or ``div`` by ``|c| >= 1`` (no
+    rounding mode): the result is non-finite exactly where the input is."""
+    if kind == 0:
+        return len(args) == 1 and not kwargs
+    if len(args) != 2 or (kwargs and set(kwargs) != {"rounding_mode"}):
+        return False
+    c = args[1]
+    if type(c) is not float and type(c) is not int:
+        return False
+    if kind == 1:
+        return -1.0 <= c <= 1.0
+    return (c >= 1.0 or c <= -1.0) and not math.isinf(c) and kwargs.get("rounding_mode") is None
+
+
+_FMAX: dict[torch.dtype, float] = {}
+
+
+def _inherits_into(outs: list[torch.Tensor], widest: int) -> bool:
+    """Inheritance needs CPU outputs (trusted kernels) no narrower than any float input (an
+    ``index_put_`` of float32 values into float16 can overflow)."""
+    for t in outs:
+        if not t.is_cpu:
+            return False
+        w = _WIDTH.get(t.dtype)
+        if w is not None and w < widest:
+            return False
+    return True
+
+
+def _scalars_in_range(args: tuple, kwargs: dict, outs: list[torch.Tensor]) -> bool:
+    """Every Python float argument fits in the outputs' dtypes (else writing it overflows)."""
+    lim = math.inf
+    for t in outs:
+        m = _FMAX.get(t.dtype)
+        if m is None:
+            m = _FMAX[t.dtype] = float(torch.finfo(t.dtype).max) if t.dtype.is_floating_point else math.inf
+        lim = min(lim, m)
+    for a in (*args, *kwargs.values()):
+        if type(a) is float and not -lim <= a <= lim:
+            return False
+    return True
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:

@@ -1,0 +1,158 @@
+"""NanInfTracker's shortcuts keep its verdicts: remembered screens are re-measured after any
+write (in-place, foreach, through an alias), ops that cannot create a NaN/Inf still let the op
+that does be named, and the device-side fold (run on the CPU here) judges like the host path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchparity.online import naninf
+from torchparity.online.naninf import NanInfTracker
+from torchparity.toymodels import make_batches, make_model, train
+from torchparity_backend_emulated import Fault, emulate
+
+INF = float("inf")
+
+
+def _tracker(host: bool = True, **kw) -> NanInfTracker:
+    t = NanInfTracker(**kw)
+    t._host_read = host
+    return t
+
+
+def _created(t: NanInfTracker) -> list[tuple[str, int]]:
+    return [(f.name, f.step) for f in t.findings if f.kind == "created"]
+
+
+@pytest.fixture(params=[True, False], ids=["host", "device-fold"])
+def host(request: pytest.FixtureRequest) -> bool:
+    return request.param
+
+
+def test_foreach_write_is_screened_and_blamed(host: bool) -> None:
+    with _tracker(host) as t:
+        x = torch.ones(4) * 1e30
+        _ = x + 1  # x is known finite now
+        torch._foreach_mul_([x], 1e10)  # overflows x in place (no version bump)
+        _ = x + 1  # reads the Inf: a propagator, not the culprit
+        t.step()
+    assert _created(t) == [("Aten._foreach_mul_.0.forward", 0)]
+
+
+def test_inplace_write_is_blamed_not_the_reader(host: bool) -> None:
+    with _tracker(host) as t:
+        x = torch.ones(4) * 1e30
+        x.mul_(torch.full((4,), 1e10))
+        _ = (x + 1).exp()
+        t.step()
+    assert _created(t) == [("Aten.mul_.0.forward", 0)]
+
+
+def test_write_through_a_data_alias_invalidates_the_screen(host: bool) -> None:
+    with _tracker(host) as t:
+        x = torch.ones(4) * 2
+        _ = x + 1  # x screened: finite
+        x.data.fill_(float("nan"))  # its own version counter: only the storage says x changed
+        _ = x * 3  # reads NaN: not a culprit (NaN was asked for by fill_)
+        t.step()
+    assert t.first is None
+
+
+def test_inplace_output_is_not_screened_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = naninf._host_fact
+    monkeypatch.setattr(naninf, "_host_fact", lambda v: calls.append(v.shape) or real(v))
+    with NanInfTracker() as t:
+        x = torch.ones(5) * 2  # ones(): known finite (no screen); the product screened (1)
+        x.add_(torch.ones(5))  # x is current: only the result (2)
+        _ = x * 3  # x current after autograd's version bump: only the output (3)
+        t.step()
+    assert len(calls) == 3 and t.findings == []
+
+
+def test_parameters_are_not_screened_again_next_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = make_model(0)
+    (inputs, _), = make_batches(1)
+    calls = []
+    real = naninf._host_fact
+    with NanInfTracker(model) as t:
+        train(model, make_batches(1))  # step 0: the optimizer (tracked) wrote every parameter
+        assert t.current_step == 1
+        monkeypatch.setattr(naninf, "_host_fact", lambda v: calls.append(v) or real(v))
+        model(inputs)  # step 1 reads them again: their screens from step 0 still hold
+    params = {id(p) for p in model.parameters()}
+    assert calls and not any(id(v) in params for v in calls)
+    assert t.findings == []
+
+
+def test_propagation_through_non_creating_ops_is_not_blamed(host: bool) -> None:
+    with _tracker(host) as t:
+        w = torch.ones(3, 4)
+        bad = (w * 0).log()  # the culprit: -inf from finite inputs
+        c = torch.cat([bad, w]).relu().index_select(0, torch.tensor([0, 4]))
+        torch.where(c > 0, c, c.abs()).amax(0).clamp(-1, 1).exp()
+        t.step()
+    assert _created(t) == [("Aten.log.0.forward", 0)]
+
+
+def test_selecting_finite_part_of_a_bad_tensor_then_overflowing_is_blamed(host: bool) -> None:
+    with _tracker(host) as t:
+        c = torch.cat([torch.full((1,), -INF), torch.ones(1) * 1e30])  # -inf asked for
+        s = c.index_select(0, torch.tensor([1]))  # finite, though its input is not
+        _ = s * 1e20  # overflow: the culprit
+        t.step()
+    assert _created(t) == [("Aten.mul.1.forward", 0)]
+
+
+def test_scaling_down_hands_the_screen_on_scaling_up_is_checked(host: bool) -> None:
+    with _tracker(host) as t:
+        x = torch.ones(1) * 3e38  # one element: its sum screen does not overflow
+        _ = x * 0.5
+        _ = x / -2.0
+        _ = x + 1.0  # a tiny addend cannot overflow... but it is still judged
+        y = x / 0.5  # overflows
+        t.step()
+    assert _created(t) == [("Aten.div.1.forward", 0)]
+    assert y.isinf().all()
+
+
+def test_emulated_fault_in_a_non_creating_op_is_found() -> None:
+    # another dispatch mode below the tracker may corrupt any op: no op is trusted then
+    fault = Fault(op="aten.relu", phase="forward", step=0, kind="nan", index=1)
+    with emulate(dtype=None, faults=[fault]):
+        with NanInfTracker() as t:
+            x = torch.ones(4) + 1
+            _ = (x.relu() * 2).sum()
+            t.step()
+    assert _created(t) == [("Aten.relu.0.forward", 0)]
+
+
+def test_model_culprit_on_the_device_fold_path() -> None:
+    model = make_model(0)
+    fault = Fault(op="aten.mul", module="layers.1.mlp", phase="forward", call=None, step=1, kind="nan", index=3)
+    with emulate(dtype=None, faults=[fault]) as dev:
+        with _tracker(False, model=model) as t:
+            losses = train(model, make_batches(3))
+    inj = dev.injections[0]
+    assert losses[1] != losses[1]
+    assert [(f.kind, f.name, f.module, f.step) for f in t.findings] == \
+        [("created", f"Aten.mul.{inj.call}.forward", "layers.1.mlp", 1)]
+
+
+def test_bad_parameter_entered_on_both_paths(host: bool) -> None:
+    model = make_model(0)
+    with torch.no_grad():
+        model.layers[0].mlp.up_proj.weight[3, 5] = INF
+    with _tracker(host, model=model) as t:
+        train(model, make_batches(2))
+    assert [(f.kind, f.module, f.step) for f in t.findings] == [("entered", "layers.0.mlp.up_proj", 0)]
+
+
+def test_clean_training_identical_and_silent_on_both_paths(host: bool) -> None:
+    batches = make_batches(2)
+    ref = train(make_model(0), batches)
+    model = make_model(0)
+    with _tracker(host, model=model) as t:
+        losses = train(model, batches)
+    assert losses == ref and t.findings == []
