@@ -168,3 +168,101 @@ def test_msprobe_pt_is_never_unpickled(tmp_path):
     row = df[(df["name"] == "Functional.linear.0.forward") & (df["io"] == "output")].iloc[0]
     with pytest.raises(DumpError):
         row["tensor"].load()
+
+
+# ---- the compare frame (read_unit(..., compact=True)): built column by column, chunk by chunk ----
+
+def _edge_case_dump(root, n_plain: int = 0):
+    """A rank directory whose records exercise every corner of the flattening."""
+    rank = root / "step0" / "rank0"
+    rank.mkdir(parents=True)
+    (rank / "header.json").write_text(json.dumps({"format": "torchparity", "version": 1, "step": 0, "rank": 0}))
+    t = {"io": "input", "arg": "0", "kind": "tensor", "dtype": "float32", "shape": [2, 3], "stride": [3, 1],
+         "device": "cpu", "requires_grad": True,
+         "stats": {"max": 1.0, "min": -1.0, "mean": 0.0, "norm": 2.0, "nan": 0, "inf": 0}}
+    recs = [
+        {"id": 0, "name": "A.0", "op": "aten.mm.default", "level": "aten", "phase": "forward", "module": "m",
+         "call_index": 0, "fwd": None, "stack": 3, "tensors": [
+             t, dict(t, io="output", arg=0, shape=[], producer=[], md5="ab", file="tensors/x.safetensors", key="k"),
+             {"io": "input", "arg": "alpha", "kind": "scalar", "value": 0.5}]},
+        # no module (-> ""), no call_index (-> 0), NaN/Infinity as strings, stats missing, odd entries
+        {"id": 1, "name": "A.1", "op": "aten.add.Tensor", "level": "aten", "phase": "backward", "fwd": 0,
+         "tensors": [dict(t, stats={"max": "Infinity", "min": "-Infinity", "mean": "NaN", "norm": None,
+                                    "nan": 2, "inf": 1}, producer=[0, 1], requires_grad=None),
+                     dict(t, stats=None, shape=None), "not a tensor entry"]},
+        {"id": 2, "name": "A.2", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": None,
+         "tensors": {"not": "a list"}},
+        {"id": "3", "name": "A.3", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": "m",
+         "call_index": None, "tensors": [dict(t, stats={"max": "oops", "min": [1], "mean": True})]},
+    ]
+    recs += [{"id": 4 + i, "name": f"B.{i}", "op": "aten.neg.default", "level": "aten", "phase": "forward",
+              "module": "m.n", "call_index": i, "fwd": None, "stack": None, "tensors": [dict(t, arg=str(i % 3))]}
+             for i in range(n_plain)]
+    (rank / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (rank / "footer.json").write_text(json.dumps({"complete": True, "records": len(recs)}))
+    return root
+
+
+def _same(a, b) -> bool:
+    from torchparity.dump.reader import TensorRef
+
+    if isinstance(a, TensorRef) or isinstance(b, TensorRef):
+        return (type(a), getattr(a, "path", None), getattr(a, "key", None)) == \
+            (type(b), getattr(b, "path", None), getattr(b, "key", None))
+    missing = [x is None or (isinstance(x, float) and x != x) for x in (a, b)]
+    if any(missing):  # None or NaN: pandas' str dtype (>= 3) stores a missing text as NaN
+        return all(missing)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("n_plain", [0, 450])
+def test_compare_frame_has_the_full_frames_values(tmp_path, n_plain):
+    """The column-wise compare frame holds exactly what the row-wise full frame holds."""
+    import pandas as pd
+
+    from torchparity.dump.reader import COMPARE_COLUMNS, open_dump, read_unit
+
+    root = _edge_case_dump(tmp_path / "d", n_plain)
+    unit = open_dump(root).unit(0, 0)
+    full = read_unit(unit, [])[COMPARE_COLUMNS]
+    w: list[str] = []
+    compact = read_unit(unit, w, compact=True)
+    assert w == [] and list(compact.columns) == COMPARE_COLUMNS and len(compact) == len(full) == 6 + n_plain
+    for c in COMPARE_COLUMNS:
+        a_col, b_col = compact[c].tolist(), full[c].tolist()
+        if c in ("fwd", "stack"):  # ids: object ints/None here, float64 with NaN from from_records
+            a_col, b_col = (pd.to_numeric(pd.Series(x, dtype=object)).tolist() for x in (a_col, b_col))
+        for i, (a, b) in enumerate(zip(a_col, b_col)):
+            assert _same(a, b), (c, i, a, b)
+    assert compact["record_id"].tolist()[:6] == [0, 0, 0, 1, 1, 3]
+    assert compact["call_index"].tolist()[:6] == [0, 0, 0, 0, 0, -1]
+    assert compact["module"].tolist()[3] == "" and compact["arg"].tolist()[1] == "0"
+    assert compact["shape"].tolist()[:2] == [(2, 3), ()] and compact["producer"].tolist()[:4] == [None, None, None, (0, 1)]
+    assert compact.loc[3, ["max", "min"]].tolist() == [float("inf"), float("-inf")]
+    # text stays plain object columns (pandas >= 3 would infer its slower "str" dtype)
+    for c in ("name", "op", "phase", "module", "io", "arg", "kind", "dtype"):
+        assert compact[c].dtype == object, c
+    assert compact["tensor"].iloc[1].path == unit.path / "tensors" / "x.safetensors"
+
+
+def test_bad_lines_in_several_chunks(tmp_path):
+    """Line numbers and counts stay right when bad lines fall in different parse chunks."""
+    from torchparity.dump.reader import CHUNK_LINES, open_dump, read_unit
+
+    root = _edge_case_dump(tmp_path / "d", n_plain=2 * CHUNK_LINES + 50)
+    p = root / "step0" / "rank0" / "records.jsonl"
+    lines = p.read_text().splitlines(keepends=True)
+    n = len(lines)
+    bad = [3, CHUNK_LINES + 7, 2 * CHUNK_LINES + 1]  # 1-based line numbers
+    for b in bad:
+        lines[b - 1] = "{\"id\": broken\n"
+    lines.insert(10, "   \n")  # a blank line is skipped silently
+    p.write_text("".join(lines)[:-20])  # and the last line is cut
+    for compact in (True, False):
+        w: list[str] = []
+        df = read_unit(open_dump(root).unit(0, 0), w, compact=compact)
+        text = " ".join(w)
+        shifted = [b if b <= 10 else b + 1 for b in bad]
+        assert f"3 corrupt line(s) skipped (line {', '.join(map(str, shifted))})" in text
+        assert f"read {n - 4} records, the last line was truncated" in text
+        assert df["record_id"].nunique() == n - 4

@@ -39,13 +39,13 @@ class Md5Checker(Checker):
         verdict = np.full(n, "skip", dtype=object)
         reason = np.full(n, "", dtype=object)
         if "device_md5" not in rows.columns or "bench_md5" not in rows.columns:
-            return pd.DataFrame({"verdict": verdict, "reason": reason}, index=rows.index)
+            return _verdicts(verdict, reason, rows.index)
         dm, bm = rows["device_md5"], rows["bench_md5"]
         matched = (rows["match"] != "unmatched").to_numpy() if "match" in rows else np.ones(n, bool)
         both = (dm.notna() & bm.notna()).to_numpy() & matched
         one = (dm.notna() ^ bm.notna()).to_numpy() & matched
         if not (both.any() or one.any()):  # no checksums (statistics/tensor dumps): nothing to judge
-            return pd.DataFrame({"verdict": verdict, "reason": reason}, index=rows.index)
+            return _verdicts(verdict, reason, rows.index)
         same_dtype = (rows["device_dtype"] == rows["bench_dtype"]).to_numpy() if "device_dtype" in rows else np.ones(n, bool)
         equal = (dm == bm).to_numpy()
         io = rows["io"].astype(str).to_numpy() if "io" in rows else np.full(n, "output")
@@ -68,7 +68,16 @@ class Md5Checker(Checker):
         reason[one] = "checksum present on one side only"
         skip_dt = both & ~same_dtype
         reason[skip_dt] = "different dtypes: checksums are not comparable"
-        return pd.DataFrame({"verdict": verdict, "reason": reason}, index=rows.index)
+        return _verdicts(verdict, reason, rows.index)
+
+
+def _verdicts(verdict: Any, reason: Any, index: Any) -> Any:
+    """The checker's answer: ``verdict``/``reason`` object columns (pandas >= 3 would infer its
+    slower ``str`` dtype from object arrays of strings)."""
+    import pandas as pd
+
+    return pd.DataFrame({"verdict": pd.Series(verdict, index=index, dtype=object),
+                         "reason": pd.Series(reason, index=index, dtype=object)})
 
 
 @hookimpl

@@ -307,37 +307,46 @@ class OverflowChecker(Checker):
         import numpy as np
         import pandas as pd
 
-        def side(prefix: str) -> tuple[pd.Series, pd.Series]:
-            def num(col: str) -> pd.Series:
+        n = len(rows)
+
+        def side(prefix: str) -> tuple[np.ndarray, np.ndarray]:
+            def num(col: str) -> np.ndarray:
                 c = f"{prefix}_{col}"
-                return pd.to_numeric(rows[c], errors="coerce").astype("float64") if c in rows.columns else pd.Series(np.nan, index=rows.index)
+                if c not in rows.columns:
+                    return np.full(n, np.nan)
+                v = rows[c]
+                if v.dtype.kind != "f":
+                    v = pd.to_numeric(v, errors="coerce")
+                return v.to_numpy(dtype="float64", na_value=np.nan)
 
             nan_c, inf_c, mx, mn = num("nan"), num("inf"), num("max"), num("min")
-            known = nan_c.notna() | inf_c.notna() | mx.notna() | mn.notna()
-            stat_nf = pd.Series(False, index=rows.index)
-            for s in (mx, mn):
-                stat_nf |= s.notna() & ~np.isfinite(s.to_numpy(dtype="float64", na_value=0.0))
-            bad = (nan_c.fillna(0) > 0) | (inf_c.fillna(0) > 0) | stat_nf
+            known = ~np.isnan(nan_c) | ~np.isnan(inf_c) | ~np.isnan(mx) | ~np.isnan(mn)
+            # NaN counts/extremes: a NaN statistic is "not recorded", an infinite one is overflow
+            bad = (nan_c > 0) | (inf_c > 0) | np.isinf(mx) | np.isinf(mn)
             dcol = f"{prefix}_dtype"
-            dtype = rows[dcol].astype("string").fillna("") if dcol in rows.columns else pd.Series("", index=rows.index)
-            limit = dtype.map(DTYPE_MAX).astype("float64")
-            absmax = pd.concat([mx.abs(), mn.abs()], axis=1).max(axis=1)
-            if self.options.saturation:
-                bad |= dtype.isin(ALWAYS_SATURATION) & limit.notna() & (absmax >= limit)
+            if self.options.saturation and dcol in rows.columns:
+                # the dtype's max, looked up once per distinct dtype
+                codes, uniq = pd.factorize(rows[dcol].to_numpy(dtype=object), use_na_sentinel=False)
+                lim = np.array([DTYPE_MAX.get(u, np.nan) if isinstance(u, str) and u in ALWAYS_SATURATION
+                                else np.nan for u in uniq] + [np.nan], dtype="float64")[codes]
+                with np.errstate(invalid="ignore"):
+                    absmax = np.fmax(np.abs(mx), np.abs(mn))
+                    bad |= ~np.isnan(lim) & (absmax >= lim)
             return bad, known
 
         d_bad, d_known = side("device")
         b_bad, b_known = side("bench")
         verdict = np.select(
             [~d_known, d_bad & ~b_bad, ~d_bad & b_bad, d_bad & b_bad],
-            ["skip", "error", "warning", "skip"], default="pass")
+            ["skip", "error", "warning", "skip"], default="pass").astype(object)
         reason = np.select(
             [~d_known, d_bad & ~b_bad, ~d_bad & b_bad, d_bad & b_bad],
             ["no statistics to judge overflow",
              "device has NaN/Inf (or saturated fp16/bf16) values the benchmark does not",
              "benchmark has NaN/Inf values the device does not",
-             "both sides non-finite: overflow is not device-specific"], default="")
-        return pd.DataFrame({"verdict": verdict, "reason": reason}, index=rows.index)
+             "both sides non-finite: overflow is not device-specific"], default="").astype(object)
+        return pd.DataFrame({"verdict": pd.Series(verdict, index=rows.index, dtype=object),
+                             "reason": pd.Series(reason, index=rows.index, dtype=object)})
 
 
 def base_of(op: "pd.Series") -> "pd.Series":

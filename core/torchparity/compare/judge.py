@@ -31,12 +31,23 @@ def builtin_verdicts(rows: Any) -> Any:
     md5_bad = (rows["md5_equal"] == False).to_numpy() & (rows["device_dtype"] == rows["bench_dtype"]).to_numpy()  # noqa: E712
     verdict[md5_bad & ~nf] = "error"
     reason[md5_bad & ~nf] = "checksum differs"
-    return pd.DataFrame({"verdict": verdict, "reason": reason}, index=rows.index)
+    return _verdicts(verdict, reason, rows.index)
+
+
+def _verdicts(verdict: Any, reason: Any, index: Any) -> Any:
+    """The checker's answer: ``verdict``/``reason`` object columns (pandas >= 3 would infer its
+    slower ``str`` dtype from object arrays of strings)."""
+    import pandas as pd
+
+    return pd.DataFrame({"verdict": pd.Series(verdict, index=index, dtype=object),
+                         "reason": pd.Series(reason, index=index, dtype=object)})
 
 
 def judge(rows: Any, checkers: Sequence[Checker], mode: str) -> tuple[Any, list[str]]:
     """Add ``verdict``, ``reason`` and ``checker`` columns to ``rows`` (in place); return rows and
     the problems met (a checker that failed is reported and skipped)."""
+    import pandas as pd
+
     problems: list[str] = []
     n = len(rows)
     best = np.zeros(n, dtype=int)  # VERDICT_RANK of "skip"
@@ -61,9 +72,14 @@ def judge(rows: Any, checkers: Sequence[Checker], mode: str) -> tuple[Any, list[
                             "(pip install -e ./checkers/allclose ./checkers/md5)")
         results.append(("builtin", builtin_verdicts(rows)))
     for name, res in results:
-        v = res["verdict"].reindex(rows.index).fillna("skip").to_numpy(dtype=object)
-        rsn = res["reason"].reindex(rows.index).fillna("").to_numpy(dtype=object)
-        rank = np.array([VERDICT_RANK.get(x, 0) for x in v]) if n < 1000 else _ranks(v)
+        v, rsn = res["verdict"], res["reason"]
+        if not res.index.equals(rows.index):
+            v, rsn = v.reindex(rows.index), rsn.reindex(rows.index)
+        v = v.to_numpy(dtype=object)
+        rsn = rsn.to_numpy(dtype=object)
+        v = np.where(pd.isna(v), "skip", v)
+        rsn = np.where(pd.isna(rsn), "", rsn)
+        rank = _ranks(v)
         worse = rank > best
         best = np.where(worse, rank, best)
         verdict = np.where(worse, v, verdict)
@@ -81,15 +97,16 @@ def judge(rows: Any, checkers: Sequence[Checker], mode: str) -> tuple[Any, list[
             msg = np.full(len(rows), "unmatched: no counterpart in the other dump", dtype=object)
         reason = np.where(um, msg, reason)
         who = np.where(um, "", who)
-    rows["verdict"] = verdict
-    rows["reason"] = reason
-    rows["checker"] = who
+    rows["verdict"] = pd.Series(verdict, index=rows.index, dtype=object)
+    rows["reason"] = pd.Series(reason, index=rows.index, dtype=object)
+    rows["checker"] = pd.Series(who, index=rows.index, dtype=object)
     return rows, problems
 
 
 def _ranks(v: np.ndarray) -> np.ndarray:
-    import pandas as pd
-
-    codes, uniq = pd.factorize(np.asarray(v, dtype=object), use_na_sentinel=False)  # one lookup per verdict
-    table = np.array([VERDICT_RANK.get(u, 0) if isinstance(u, str) else 0 for u in uniq], dtype=int)
-    return table[codes] if len(codes) else np.zeros(0, dtype=int)
+    """VERDICT_RANK per row (0 for anything unknown): one comparison per verdict name."""
+    rank = np.zeros(len(v), dtype=int)
+    for name, r in VERDICT_RANK.items():
+        if r:
+            rank[v == name] = r
+    return rank
