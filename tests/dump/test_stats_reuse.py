@@ -159,3 +159,72 @@ def test_in_place_result_links_to_its_producer_and_is_not_remeasured(tmp_path: P
     assert y_in["producer"] == [add["id"], 0]
     # x, y (mul out), add_ output, z: the add_ result is reused as mul's input, not measured again
     assert len(calls) == 4
+
+
+def test_tensor_mode_saves_each_value_once_and_every_entry_loads(tmp_path: Path) -> None:
+    x = torch.randn(8, 4)
+    with torchparity.dump(str(tmp_path / "d"), level="aten", mode="tensor"):
+        y = x * 2
+        yt = y.t()              # same statistics as y, but saved as itself
+        yc = y.clone()          # same values and order as y: shares y's saved tensor
+        yv = y.view(32)         # another shape: saved as itself
+        y.add_(1)               # changed: saved again
+        z = y * 3
+        del yt, yc, yv, z
+    df = torchparity.load_dump(str(tmp_path / "d"))
+    tensors = df[df["kind"] == "tensor"]
+    keys = tensors[["file", "key"]].dropna().drop_duplicates()
+    assert len(keys) < len(tensors.dropna(subset=["key"]))  # some entries share a saved tensor
+    clone = df[(df["op"] == "aten.clone.default")]
+    assert clone.iloc[0]["key"] == clone.iloc[1]["key"] and torch.equal(clone.iloc[1]["tensor"].load(), x * 2)
+    mul_in = df[(df["op"] == "aten.mul.Tensor") & (df["io"] == "input") & (df["arg"] == "0")]
+    assert torch.equal(mul_in.iloc[0]["tensor"].load(), x)
+    assert torch.equal(mul_in.iloc[1]["tensor"].load(), x * 2 + 1)       # after the in-place add
+    t_out = df[(df["op"] == "aten.t.default") & (df["io"] == "output")].iloc[0]["tensor"].load()
+    assert torch.equal(t_out, (x * 2).t())  # a transpose is saved as itself, not as its base
+    view_out = df[(df["op"] == "aten.view.default") & (df["io"] == "output")]
+    for _, row in view_out.iterrows():
+        assert list(row["tensor"].load().shape) == list(row["shape"])
+
+
+def test_shared_tensor_reference_dropped_with_its_owner_under_max_bytes(tmp_path: Path) -> None:
+    x = torch.randn(64, 64)    # 16 KiB: over the budget, never saved
+    with torchparity.dump(str(tmp_path / "d"), level="aten", mode="tensor", max_bytes=1024):
+        y = x.neg()
+        z = y.abs()            # y's entry here refers to the (unsaved) output of neg
+        del z
+    recs = _records(tmp_path / "d")
+    for r in recs:
+        for t in r["tensors"]:
+            assert t.get("file") != "pending" and (t.get("file") is None) == (t.get("key") is None)
+
+
+def test_md5_mode_checksums_bytes_and_names_its_algorithm(tmp_path: Path) -> None:
+    from torchparity.capture.stats import CHECKSUM_ALGORITHM, tensor_checksum
+
+    x = torch.randn(16)
+    assert tensor_checksum(x) == tensor_checksum(x.clone()) != tensor_checksum(x + 1e-7 * x.abs().max())
+    assert tensor_checksum(torch.randn(4, 3).t()) != "" and tensor_checksum(torch.empty(0)) == tensor_checksum(torch.empty(0, 5))
+    with torchparity.dump(str(tmp_path / "d"), level="aten", mode="md5"):
+        y = x * 2
+        del y
+    header = json.loads((tmp_path / "d" / "step0" / "rank0" / "header.json").read_text())
+    assert header["checksum"] == CHECKSUM_ALGORITHM
+    rec = _first(_records(tmp_path / "d"), "aten.mul.Tensor")
+    out = next(t for t in rec["tensors"] if t["io"] == "output")
+    assert out["md5"] == tensor_checksum(x * 2) and out["stats"]["max"] == pytest.approx((x * 2).max().item())
+
+
+def test_md5_of_a_transpose_is_its_own(tmp_path: Path) -> None:
+    from torchparity.capture.stats import tensor_checksum
+
+    w = torch.randn(5, 5)
+    with torchparity.dump(str(tmp_path / "d"), level="aten", mode="md5"):
+        wt = w.t()
+        wc = w.clone()
+        del wt, wc
+    recs = _records(tmp_path / "d")
+    t_rec, c_rec = _first(recs, "aten.t"), _first(recs, "aten.clone")
+    out = lambda r: next(t for t in r["tensors"] if t["io"] == "output")  # noqa: E731
+    assert out(t_rec)["md5"] == tensor_checksum(w.t()) != tensor_checksum(w)
+    assert out(c_rec)["md5"] == tensor_checksum(w) and out(t_rec)["stats"] == out(c_rec)["stats"]

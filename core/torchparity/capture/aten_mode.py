@@ -32,10 +32,12 @@ _UNINITIALIZED_RESULT = frozenset({"empty", "empty_like", "new_empty", "empty_st
                                    "empty_permuted"})
 _ALL_OUTPUTS = frozenset({"0", "1", "2", "3"})
 
-# Ops whose (single) output holds exactly the elements of input 0, so has the same statistics.
-_SAME_VALUES = frozenset({"view", "_unsafe_view", "_reshape_alias", "reshape", "t", "transpose", "permute",
-                          "squeeze", "unsqueeze", "clone", "alias", "flatten", "view_as", "numpy_T",
-                          "matrix_H", "mT", "mH", "adjoint", "contiguous"})
+# Ops whose (single) output holds exactly the elements of input 0, so has the same statistics;
+# True where the row-major order is kept too (same checksum, same saved values), False for transposes.
+_SAME_VALUES = {"view": True, "_unsafe_view": True, "_reshape_alias": True, "reshape": True, "squeeze": True,
+                "unsqueeze": True, "clone": True, "alias": True, "flatten": True, "view_as": True, "contiguous": True,
+                "t": False, "transpose": False, "permute": False, "numpy_T": False, "matrix_H": False, "mT": False,
+                "mH": False, "adjoint": False}
 
 _SKIP = frozenset({"detach", "alias", "lift_fresh", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"})
 
@@ -109,7 +111,7 @@ class AtenCaptureMode(TorchDispatchMode):
             if writes:
                 s.note_writes(_written(args, kwargs, writes))
             elif base in _SAME_VALUES and args:
-                s.same_values(args[0], out)
+                s.same_values(args[0], out, _SAME_VALUES[base])
             outs = flat_outputs(out)
             rec.tensors += s.describe(outs, "output", rec.id, link=False,
                                       no_values=_ALL_OUTPUTS if base in _UNINITIALIZED_RESULT else frozenset())

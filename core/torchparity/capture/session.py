@@ -23,7 +23,7 @@ from ..dump.writer import Batch, DumpWriter
 from ..records import OpRecord, TensorEntry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .stacks import StackTable
-from .stats import host_stats, stats_to_dict, stats_tensor, tensor_md5
+from .stats import host_stats, stats_to_dict, stats_tensor, tensor_checksum
 
 _SCALAR_TYPES = (int, float, bool, str, type(None))
 
@@ -152,6 +152,7 @@ class CaptureSession:
         self._pending_slots: list[TensorEntry] = []
         self._pending_tensors: dict[str, torch.Tensor] = {}
         self._pending_owner: dict[str, TensorEntry] = {}
+        self._pending_refs: list[TensorEntry] = []  # entries pointing at a tensor saved for another entry
         self._pending_bytes = 0
         self._tensor_seq = 0
         self._filter_count = 0
@@ -316,22 +317,7 @@ class CaptureSession:
                     if prod is not None and prod[2] == v._version:
                         e.producer = [prod[0], prod[1]]
                 if want_io and arg not in no_values:
-                    st = self._stats_of(v)
-                    if isinstance(st, list):
-                        e.stats = stats_to_dict(st)
-                    elif st is not None:
-                        self._pending_stats.append(st)
-                        self._pending_slots.append(e)
-                    if o.mode == "md5":
-                        e.md5 = tensor_md5(v)
-                    elif o.mode == "tensor" and v.layout == torch.strided and v.device.type != "meta":
-                        self._tensor_seq += 1
-                        key = f"{self._tensor_seq}.{io}.{arg}"
-                        cpu = v.detach().to("cpu", copy=True).contiguous()
-                        self._pending_tensors[key] = cpu
-                        self._pending_owner[key] = e
-                        e.file, e.key = "pending", key
-                        self._pending_bytes += cpu.numel() * cpu.element_size()
+                    self._measure(v, e)
                 entries.append(e)
             else:
                 val = _scalar_value(v)
@@ -346,25 +332,61 @@ class CaptureSession:
     # alias with its own version counter (``p.data.add_()``) are why the storage generation is
     # kept: the aten-level mode reports every kernel's written arguments (note_writes). Other
     # levels do not see every write, so they always measure.
-    def _stats_of(self, v: torch.Tensor) -> list[float] | torch.Tensor | None:
-        """Statistics of ``v``: host floats on the CPU, a pending device tensor elsewhere."""
-        if self.reuse_stats:
-            hit = self._measured.get(v)
-            if hit is not None:
-                try:
-                    if hit[0] == v._version and self._write_gen.get(hit[1], 0) == hit[2]:
-                        return hit[3]
-                except RuntimeError:  # inference tensors have no version counter
-                    pass
-        st = host_stats(v) if v.device.type == "cpu" else stats_tensor(v)
-        if self.reuse_stats and st is not None:
-            self._remember(v, st)
-        return st
+    def _measure(self, v: torch.Tensor, e: TensorEntry) -> None:
+        """Fill ``e`` with what the mode asks for (statistics; checksum; saved tensor), reusing
+        what was measured for the same tensor value earlier in the step.
 
-    def _remember(self, v: torch.Tensor, st: list[float] | torch.Tensor) -> None:
+        A remembered measurement is ``(stats, checksum, saved key, shape of the saved copy)``;
+        the checksum and saved copy are left out (None) when the value was reached through a
+        permuting view (transpose), whose row-major bytes differ from its base's."""
+        o = self.options
+        hit = self._lookup(v) if self.reuse_stats else None
+        if hit is None:
+            st = host_stats(v) if v.device.type == "cpu" else stats_tensor(v)
+            md5 = key = key_shape = None
+        else:
+            st, md5, key, key_shape = hit
+        changed = hit is None
+        if o.mode == "md5" and md5 is None:
+            md5, changed = tensor_checksum(v), True
+        elif o.mode == "tensor" and v.layout == torch.strided and v.device.type != "meta":
+            shape = tuple(v.shape)
+            if key is not None and key_shape == shape:  # the same values were saved already
+                self._pending_refs.append(e)
+            else:
+                self._tensor_seq += 1
+                key, key_shape, changed = f"{self._tensor_seq}.{e.io}.{e.arg}", shape, True
+                cpu = v.detach().to("cpu", copy=True).contiguous()
+                self._pending_tensors[key] = cpu
+                self._pending_owner[key] = e
+                self._pending_bytes += cpu.numel() * cpu.element_size()
+        if changed and self.reuse_stats:
+            self._remember(v, (st, md5, key, key_shape))
+        if isinstance(st, list):
+            e.stats = stats_to_dict(st)
+        elif st is not None:
+            self._pending_stats.append(st)
+            self._pending_slots.append(e)
+        if md5 is not None:
+            e.md5 = md5
+        if key is not None and o.mode == "tensor":
+            e.file, e.key = "pending", key
+
+    def _lookup(self, v: torch.Tensor) -> Any:
+        hit = self._measured.get(v)
+        if hit is not None:
+            try:
+                if hit[0] == v._version and self._write_gen.get(hit[1], 0) == hit[2]:
+                    return hit[3]
+            except RuntimeError:  # inference tensors have no version counter
+                pass
+        return None
+
+    def _remember(self, v: torch.Tensor, measured: tuple[Any, str | None, str | None, tuple[int, ...] | None]) -> None:
+        """Note (statistics, checksum, saved tensor key, its shape) as the measurement of ``v``."""
         try:
             ptr = v.untyped_storage().data_ptr()
-            self._measured[v] = (v._version, ptr, self._write_gen.get(ptr, 0), st)
+            self._measured[v] = (v._version, ptr, self._write_gen.get(ptr, 0), measured)
         except (RuntimeError, NotImplementedError, TypeError):  # no storage/version (inference, subclasses)
             pass
 
@@ -395,21 +417,18 @@ class CaptureSession:
                     except RuntimeError:
                         pass
 
-    def same_values(self, src: Any, dst: Any) -> None:
+    def same_values(self, src: Any, dst: Any, keeps_order: bool = True) -> None:
         """``dst`` holds exactly ``src``'s elements (a view, transpose or clone of it): give it
-        ``src``'s statistics if they are known and current, instead of measuring it again."""
+        ``src``'s measurement if it is known and current, instead of measuring it again. With
+        ``keeps_order=False`` (transposes) only the statistics carry over: the row-major bytes,
+        hence checksum and saved copy, differ."""
         if not self.reuse_stats or not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor) \
                 or src.dtype != dst.dtype or src.device != dst.device or src.numel() != dst.numel():
             return
-        hit = self._measured.get(src)
+        hit = self._lookup(src)
         if hit is None:
             return
-        try:
-            if hit[0] != src._version or self._write_gen.get(hit[1], 0) != hit[2]:
-                return
-        except RuntimeError:
-            return
-        self._remember(dst, hit[3])
+        self._remember(dst, hit if keeps_order else (hit[0], None, None, None))
 
     def note_outputs(self, rid: int, outputs: list[tuple[str, Any]], overwrite: bool = True) -> None:
         """Remember which record produced each output tensor (for the inputs' ``producer``)."""
@@ -466,9 +485,10 @@ class CaptureSession:
             finally:
                 self.busy = prev
         batch = Batch(self.step, self._rank, self._pending, self._pending_slots, stats,
-                      self._pending_tensors, self._pending_owner, self._pending_bytes)
+                      self._pending_tensors, self._pending_owner, self._pending_bytes, self._pending_refs)
         self._pending, self._pending_stats, self._pending_slots = [], [], []
         self._pending_tensors, self._pending_owner, self._pending_bytes = {}, {}, 0
+        self._pending_refs = []
         self.writer.submit(batch)
 
     def module_info(self) -> tuple[str, str | None, int | None, dict[str, Any] | None]:

@@ -28,6 +28,7 @@ from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
 from ..capture.module_tracker import ModuleTracker
 from ..capture.session import CaptureSession, current_rank, world_size
+from ..capture.stats import CHECKSUM_ALGORITHM
 from ..errors import UsageError
 from ..records import FORMAT_NAME, FORMAT_VERSION
 from .options import DumpOptions, load_options_file
@@ -126,7 +127,7 @@ class Dumper:
         from .. import __version__
 
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
-                  "level": o.level, "mode": o.mode, "world_size": world_size(),
+                  "level": o.level, "mode": o.mode, "checksum": CHECKSUM_ALGORITHM if o.mode == "md5" else None, "world_size": world_size(),
                   "backend": _describe_device(o.backend), "config": o.to_json()}
         self.writer = DumpWriter(o.path, header, fsync=o.fsync, max_bytes=o.max_bytes, rank=current_rank(),
                                  max_queue_bytes=o.max_queue_bytes)

@@ -51,6 +51,9 @@ class Batch:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> CPU tensor
     tensor_owner: dict[str, TensorEntry] = field(default_factory=dict)
     nbytes: int = 0
+    # entries whose value equals a tensor saved for another entry (this batch or earlier in the
+    # step): they get that tensor's file, or no file if it was not saved (max_bytes)
+    tensor_refs: list[TensorEntry] = field(default_factory=list)
 
 
 @dataclass
@@ -63,6 +66,7 @@ class _RankFiles:
     n_tensor_files: int = 0
     tensor_bytes: int = 0
     dropped_tensors: int = 0
+    saved_tensors: dict[str, str] = field(default_factory=dict)  # tensor key -> its file
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
@@ -205,6 +209,10 @@ class DumpWriter:
                 entry.stats = stats_to_dict(row)
         if b.tensors:
             self._write_tensors(rf, b)
+        for e in b.tensor_refs:
+            e.file = rf.saved_tensors.get(e.key) if e.key is not None else None
+            if e.file is None:
+                e.key = None
         lines = "".join(_record_line(r.to_json()) for r in b.records)
         rf.records.write(lines)
         self._sync(rf.records)
@@ -245,6 +253,7 @@ class DumpWriter:
         os.replace(tmp, rf.dir / name)
         for k, t in tensors.items():
             b.tensor_owner[k].file = name
+            rf.saved_tensors[k] = name
             rf.tensor_bytes += t.numel() * t.element_size()
 
     def _finish_rank(self, rf: _RankFiles, complete: bool) -> None:
