@@ -110,10 +110,12 @@ def test_scaling_down_hands_the_screen_on_scaling_up_is_checked(host: bool) -> N
         x = torch.ones(1) * 3e38  # one element: its sum screen does not overflow
         _ = x * 0.5
         _ = x / -2.0
-        _ = x + 1.0  # a tiny addend cannot overflow... but it is still judged
-        y = x / 0.5  # overflows
+        _ = x + 1.0  # a tiny addend cannot overflow
+        y = x / 0.5  # overflows: the culprit
         t.step()
-    assert _created(t) == [("Aten.div.1.forward", 0)]
+        _ = x + 1e38  # overflows too (step 1)
+        t.step()
+    assert _created(t) == [("Aten.div.1.forward", 0), ("Aten.add.0.forward", 1)]
     assert y.isinf().all()
 
 

@@ -82,7 +82,10 @@ _COPIES = frozenset({"clone", "_unsafe_view", "_to_copy", "contiguous", "lift_fr
                      "detach_copy", "view_copy", "_reshape_alias_copy"})
 #: ops whose result is non-finite exactly where their first argument is, given a finite scalar
 #: (``neg``: always; ``mul`` by ``|c| <= 1``; ``div`` by ``|c| >= 1``): they hand the screen on
-_SCALED = {"neg": 0, "neg_": 0, "mul": 1, "mul_": 1, "div": 2, "div_": 2}
+_SCALED = {"neg": 0, "neg_": 0, "mul": 1, "mul_": 1, "div": 2, "div_": 2, "add": 3, "add_": 3, "sub": 3, "sub_": 3}
+#: ``add``/``sub`` of a Python scalar below half an ulp of the dtype's largest value cannot
+#: overflow (x + c rounds back to at most the largest finite value); bounds kept well inside
+_SMALL_ADDEND = {torch.float16: 8.0, torch.bfloat16: 1e30, torch.float32: 1e30, torch.float64: 1e300}
 #: ops that cannot turn finite inputs into a NaN/Inf: they select, move, compare or clip values
 #: of their inputs (or fill in zeros/ones/their finite scalar arguments). Used on the CPU only
 #: (trusted kernels), with every input known finite and every scalar in the output dtype's range.
@@ -97,6 +100,8 @@ _INHERITS = frozenset({
     "flip", "roll", "repeat", "tril", "tril_", "triu", "triu_", "sort", "topk", "kthvalue", "narrow_copy",
     "diag", "diag_embed", "zeros", "ones", "zeros_like", "ones_like", "new_zeros", "new_ones", "zero_",
     "sign", "sgn", "ceil", "floor", "trunc", "frac", "sigmoid", "tanh", "relu6", "signbit",
+    # bounded by their input (|silu(x)| <= |x|, |gelu(x)| <= |x|) or by 1 (softmax: exp(x - max) / sum >= 1)
+    "silu", "silu_", "gelu", "gelu_", "hardswish", "hardswish_", "_softmax", "softmax",
 })
 #: uncounted ops whose output is their input (a new tensor object): the screen is handed on
 _SAME = frozenset({"detach", "alias", "lift_fresh"})
@@ -493,6 +498,11 @@ class NanInfTracker:
         e = self._memo.get(t)
         if e is not None and self._current(t, e):
             return e
+        b = t._base
+        if b is not None and b.dtype == t.dtype:  # a view (autograd unpacks saved views anew)
+            e = self._memo.get(b)
+            if e is not None and e[3] is _FINITE and self._current(b, e):
+                return self._remember(t, e[4], _FINITE, 0, e[1])  # part of a finite tensor
         return self._remember(t, _EXTERNAL, None, 0)
 
     def _remember(self, t: torch.Tensor, producer: int, fact: Any, bump: int, ptr: int | None = None) -> tuple:
@@ -789,10 +799,16 @@ def _other_modes() -> bool:
 
 
 def _scales_down(kind: int, args: tuple, kwargs: dict) -> bool:
-    """``neg``, ``mul`` by a finite Python scalar ``|c| <= 1`` or ``div`` by ``|c| >= 1`` (no
-    rounding mode): the result is non-finite exactly where the input is."""
+    """``neg``, ``mul`` by a finite Python scalar ``|c| <= 1``, ``div`` by ``|c| >= 1`` (no
+    rounding mode), ``add``/``sub`` of a small ``c`` (no ``alpha``): the result is non-finite
+    exactly where the input is."""
     if kind == 0:
         return len(args) == 1 and not kwargs
+    if kind == 3:
+        c = args[1] if len(args) == 2 and not kwargs else None
+        if type(c) is not float and type(c) is not int:
+            return False
+        return -_SMALL_ADDEND.get(args[0].dtype, 0.0) <= c <= _SMALL_ADDEND.get(args[0].dtype, 0.0)
     if len(args) != 2 or (kwargs and set(kwargs) != {"rounding_mode"}):
         return False
     c = args[1]
