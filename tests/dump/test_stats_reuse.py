@@ -228,3 +228,15 @@ def test_md5_of_a_transpose_is_its_own(tmp_path: Path) -> None:
     out = lambda r: next(t for t in r["tensors"] if t["io"] == "output")  # noqa: E731
     assert out(t_rec)["md5"] == tensor_checksum(w.t()) != tensor_checksum(w)
     assert out(c_rec)["md5"] == tensor_checksum(w) and out(t_rec)["stats"] == out(c_rec)["stats"]
+
+
+@pytest.mark.parametrize("values", [[3.0], [1.0, -2.0, 0.5], [1.0, float("nan"), float("inf")], [1.0, float("inf"), float("-inf")],
+                                    [float("-inf"), 2.0], list(range(32))])
+def test_small_tensor_statistics_match_the_tensor_path(values: list[float]) -> None:
+    from torchparity.capture.stats import stats_tensor
+
+    t = torch.tensor(values, dtype=torch.float32)
+    got, want = host_stats(t), stats_tensor(t).tolist()
+    assert got is not None
+    for g, w in zip(got, want):
+        assert (math.isnan(g) and math.isnan(w)) or g == pytest.approx(w, rel=1e-6)

@@ -53,16 +53,17 @@ class AtenCaptureMode(TorchDispatchMode):
         super().__init__()
         self.session = session
         self.collectives_only = collectives_only
-        self._names: dict[Any, tuple[str, str, bool, bool, bool, tuple[tuple[int, str, bool], ...]]] = {}
+        self._names: dict[Any, tuple[str, str, bool, bool, bool, tuple[tuple[int, str, bool], ...], bool]] = {}
         # this mode sees every kernel, so every write: the session may reuse statistics
         session.reuse_stats = not collectives_only
 
-    def _info(self, func: Any) -> tuple[str, str, bool, bool, bool, tuple[tuple[int, str, bool], ...]]:
+    def _info(self, func: Any) -> tuple[str, str, bool, bool, bool, tuple[tuple[int, str, bool], ...], bool]:
         info = self._names.get(func)
         if info is None:
             base = opinfo.base_name(func)
             coll = opinfo.is_collective(func)
-            info = (base, str(func), coll, opinfo.is_view(func), opinfo.is_inplace(func), opinfo.written_args(func))
+            info = (base, str(func), coll, opinfo.is_view(func), opinfo.is_inplace(func), opinfo.written_args(func),
+                    opinfo.is_random(func))
             self._names[func] = info
         return info
 
@@ -76,7 +77,7 @@ class AtenCaptureMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         s = self.session
-        base, op, collective, view, inplace, writes = self._info(func)
+        base, op, collective, view, inplace, writes, random = self._info(func)
         if s.busy or tool_is_busy() or base in _SKIP or func.namespace == "profiler" or (self.collectives_only and (not collective or s.api_collective_depth)) or not s.enabled_step:
             return self._run(func, args, kwargs, writes)
         phase = s.phase()
@@ -91,7 +92,7 @@ class AtenCaptureMode(TorchDispatchMode):
             flags["collective"] = True
         if view:
             flags["view"] = True
-        if opinfo.is_random(func):
+        if random:
             flags["random"] = True
         if tag is not None and tag.get("node"):
             flags["node"] = tag["node"]

@@ -47,8 +47,22 @@ class tool_work:
         _tool_state.busy -= 1
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+_DEVICE_NAMES: dict[torch.device, str] = {}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def _device_name(device: torch.device) -> str:
+    name = _DEVICE_NAMES.get(device)
+    if name is None:
+        name = _DEVICE_NAMES[device] = str(device)
+    return name
 
 
 def _scalar_value(x: Any) -> Any:
@@ -307,7 +321,7 @@ class CaptureSession:
         for arg, v in values:
             if isinstance(v, torch.Tensor):
                 e = TensorEntry(io=io, arg=arg, dtype=_dtype_name(v.dtype), shape=list(v.shape),
-                                device=str(v.device), requires_grad=bool(v.requires_grad))
+                                device=_device_name(v.device), requires_grad=v.requires_grad)
                 try:
                     e.stride = list(v.stride())
                 except RuntimeError:
@@ -527,5 +541,10 @@ def flat_args(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
 
 
 def flat_outputs(out: Any) -> list[tuple[str, Any]]:
+    """(output index, value) pairs; nested outputs flattened in pytree order."""
+    if isinstance(out, torch.Tensor):  # the common case; tree_flatten takes ~10 us for it
+        return [("0", out)]
+    if isinstance(out, (tuple, list)) and not any(isinstance(v, (tuple, list, dict)) for v in out):
+        return [(str(i), v) for i, v in enumerate(out)]
     leaves, _ = tree_flatten(out)
     return [(str(i), v) for i, v in enumerate(leaves)]

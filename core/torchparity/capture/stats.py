@@ -63,18 +63,43 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
     return torch.stack([mx, mn, f.mean(), torch.linalg.vector_norm(f), zero, zero])
 
 
+_SMALL = 32  # tensors up to this many elements are measured in Python (0-d optimizer state, scalars)
+
+
+def _small_stats(vals: list[float]) -> list[float] | None:
+    """Statistics of a few host values (None if a sum overflows: the caller uses tensors)."""
+    n = len(vals)
+    try:
+        finite = [x for x in vals if math.isfinite(x)]
+        if len(finite) == n:
+            return [max(vals), min(vals), math.fsum(vals) / n, math.sqrt(math.fsum(x * x for x in vals)), 0.0, 0.0]
+        nan = float(sum(1 for x in vals if x != x))
+        if nan:
+            return [math.nan, math.nan, math.nan, math.nan, nan, float(n - len(finite)) - nan]
+        total = math.nan if (math.inf in vals and -math.inf in vals) else math.fsum(vals)
+        return [max(vals), min(vals), total / n, math.inf, 0.0, float(n - len(finite))]
+    except (OverflowError, ValueError):
+        return None
+
+
 def host_stats(t: torch.Tensor) -> list[float] | None:
     """``[max, min, mean, norm, nan_count, inf_count]`` of a CPU tensor as Python floats.
 
     Three passes for float32/float64 (``aminmax``, ``sum``, and ``dot`` of the flattened tensor
     with itself for the squared norm, which is about twice as fast as ``vector_norm`` on the CPU);
     NaN/Inf are counted only when an extreme is not finite (max/min propagate NaN and show Inf).
+    Tensors of at most ``_SMALL`` elements are measured in Python (exact sums in double).
     Same values as :func:`stats_tensor` up to float rounding of the accumulation order.
     """
-    if t.numel() == 0 or t.is_complex() or t.layout != torch.strided:
+    n = t.numel()
+    if n == 0 or t.is_complex() or t.layout != torch.strided:
         return None
     t = t.detach()
     dt = t.dtype
+    if n <= _SMALL:  # a handful of values: Python is faster than six kernel calls
+        small = _small_stats([float(x) for x in t.reshape(-1).tolist()])
+        if small is not None:
+            return small
     if not dt.is_floating_point:
         st = stats_tensor(t)
         return None if st is None else st.tolist()
