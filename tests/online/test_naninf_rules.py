@@ -158,3 +158,13 @@ def test_clean_training_identical_and_silent_on_both_paths(host: bool) -> None:
     with _tracker(host, model=model) as t:
         losses = train(model, batches)
     assert losses == ref and t.findings == []
+
+
+def test_accumulating_index_put_is_checked(host: bool) -> None:
+    with _tracker(host) as t:
+        x = torch.tensor([2.5, 0.0]) * 1e38
+        v = torch.ones(1) * 1e38
+        x.index_put_((torch.tensor([1]),), v / 10)  # a plain write: cannot create
+        x.index_put_((torch.tensor([0]),), v, accumulate=True)  # 4e38: Inf, the culprit
+        t.step()
+    assert _created(t) == [("Aten.index_put_.1.forward", 0)]

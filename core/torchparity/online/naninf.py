@@ -459,7 +459,12 @@ class NanInfTracker:
                 if e is not None and self._current(args[0], e):
                     self._memo[out] = e
             return out
-        phase = self._phase()
+        if self._in_optimizer:
+            phase = "optimizer"
+        elif _graph_task_id() != -1:
+            phase = self._phase()
+        else:
+            phase = "forward"
         key = (info.prefix, info.base, phase)
         n = self._counters.get(key, 0)
         self._counters[key] = n + 1
@@ -496,8 +501,13 @@ class NanInfTracker:
         """``t``'s memo entry (version, storage ptr, write generation, fact, producer step) if
         current; else ``t`` is screened now (an input no tracked op produced since it changed)."""
         e = self._memo.get(t)
-        if e is not None and self._current(t, e):
-            return e
+        if e is not None:
+            try:
+                v = t._version
+            except RuntimeError:  # inference tensors have no version counter
+                v = None
+            if e[0] == v and self._gen.get(e[1], 0) == e[2]:
+                return e
         b = t._base
         if b is not None and b.dtype == t.dtype:  # a view (autograd unpacks saved views anew)
             e = self._memo.get(b)
@@ -582,6 +592,7 @@ class NanInfTracker:
         ins: list[tuple] = []
         widest = -1  # widest float input (inheritance must not narrow)
         bad_scalar = False
+        opaque = False  # a sparse/quantised float input: not screened, so nothing is inherited
         state = _tool_state
         state.busy = getattr(state, "busy", 0) + 1
         try:
@@ -590,22 +601,34 @@ class NanInfTracker:
                 if i < first:
                     continue
                 if isinstance(a, torch.Tensor):
-                    if a.dtype in _FLOAT and a.layout == _STRIDED and a.numel() and i not in out_only:
-                        ins.append(self._entry(a))
-                        widest = max(widest, _WIDTH[a.dtype])
+                    if a.dtype in _FLOAT and i not in out_only:
+                        if a.layout != _STRIDED:
+                            opaque = True
+                        elif a.numel():
+                            ins.append(self._entry(a))
+                            if _WIDTH[a.dtype] > widest:
+                                widest = _WIDTH[a.dtype]
                 elif isinstance(a, (list, tuple)):
                     for x in a:
-                        if isinstance(x, torch.Tensor) and x.dtype in _FLOAT and x.layout == _STRIDED and x.numel():
-                            ins.append(self._entry(x))
-                            widest = max(widest, _WIDTH[x.dtype])
+                        if isinstance(x, torch.Tensor) and x.dtype in _FLOAT:
+                            if x.layout != _STRIDED:
+                                opaque = True
+                            elif x.numel():
+                                ins.append(self._entry(x))
+                                if _WIDTH[x.dtype] > widest:
+                                    widest = _WIDTH[x.dtype]
                 elif isinstance(a, float) and not math.isfinite(a):
                     bad_scalar = True
             if kwargs:
                 for k, a in kwargs.items():
                     if isinstance(a, torch.Tensor):
-                        if a.dtype in _FLOAT and a.layout == _STRIDED and a.numel() and k not in out_only:
-                            ins.append(self._entry(a))
-                            widest = max(widest, _WIDTH[a.dtype])
+                        if a.dtype in _FLOAT and k not in out_only:
+                            if a.layout != _STRIDED:
+                                opaque = True
+                            elif a.numel():
+                                ins.append(self._entry(a))
+                                if _WIDTH[a.dtype] > widest:
+                                    widest = _WIDTH[a.dtype]
                     elif isinstance(a, float) and not math.isfinite(a):
                         bad_scalar = True
         finally:
@@ -620,8 +643,9 @@ class NanInfTracker:
                     outs.append(w)
             # CPU, trusted kernels: an op that cannot create a NaN/Inf, with finite inputs and
             # in-range scalars, has finite outputs: nothing to measure
-            known = info.inherits and self._inherit and not bad_scalar and all(e[3] is _FINITE for e in ins) \
-                and _inherits_into(outs, widest) and _scalars_in_range(args, kwargs, outs)
+            known = info.inherits and self._inherit and not bad_scalar and not opaque \
+                and all(e[3] is _FINITE for e in ins) and _inherits_into(outs, widest) \
+                and _scalars_in_range(args, kwargs, outs) and not _accumulates(info.base, args, kwargs)
             producer = self.current_step
             res = []
             for t in outs:
@@ -781,11 +805,8 @@ class NanInfTracker:
                              phase=phase, step=self.current_step, seq=seq, value=value)
 
 
-def _graph_task_id() -> int:
-    try:
-        return torch._C._current_graph_task_id()
-    except AttributeError:  # pragma: no cover - very old torch
-        return -1
+#: -1 unless autograd's engine is running a backward on this thread
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
 
 def _other_modes() -> bool:
@@ -820,6 +841,16 @@ def _scales_down(kind: int, args: tuple, kwargs: dict) -> bool:
 
 
 _FMAX: dict[torch.dtype, float] = {}
+
+
+def _accumulates(base: str, args: tuple, kwargs: dict) -> bool:
+    """``index_put(..., accumulate=True)`` and ``scatter(..., reduce=...)`` add values up: they
+    can overflow, so they do not inherit."""
+    if base in ("index_put", "index_put_", "_index_put_impl_"):
+        return bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
+    if base in ("scatter", "scatter_"):
+        return any(type(a) is str for a in (*args, *kwargs.values()))
+    return False
 
 
 def _inherits_into(outs: list[torch.Tensor], widest: int) -> bool:
