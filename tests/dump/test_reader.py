@@ -195,7 +195,10 @@ def _edge_case_dump(root, n_plain: int = 0):
         {"id": "3", "name": "A.3", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": "m",
          "call_index": None, "tensors": [dict(t, stats={"max": "oops", "min": [1], "mean": True})]},
     ]
-    recs += [{"id": 4 + i, "name": f"B.{i}", "op": "aten.neg.default", "level": "aten", "phase": "forward",
+    # values that cannot be dict keys where strings and shapes belong: read as they are
+    recs.append({"id": 4, "name": "A.4", "op": ["odd"], "level": "aten", "phase": "forward", "module": "m",
+                 "tensors": [dict(t, dtype={"odd": 1}, shape=[[2], 3])]})
+    recs += [{"id": 5 + i, "name": f"B.{i}", "op": "aten.neg.default", "level": "aten", "phase": "forward",
               "module": "m.n", "call_index": i, "fwd": None, "stack": None, "tensors": [dict(t, arg=str(i % 3))]}
              for i in range(n_plain)]
     (rank / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -227,7 +230,7 @@ def test_compare_frame_has_the_full_frames_values(tmp_path, n_plain):
     full = read_unit(unit, [])[COMPARE_COLUMNS]
     w: list[str] = []
     compact = read_unit(unit, w, compact=True)
-    assert w == [] and list(compact.columns) == COMPARE_COLUMNS and len(compact) == len(full) == 6 + n_plain
+    assert w == [] and list(compact.columns) == COMPARE_COLUMNS and len(compact) == len(full) == 7 + n_plain
     for c in COMPARE_COLUMNS:
         a_col, b_col = compact[c].tolist(), full[c].tolist()
         if c in ("fwd", "stack"):  # ids: object ints/None here, float64 with NaN from from_records
@@ -243,6 +246,9 @@ def test_compare_frame_has_the_full_frames_values(tmp_path, n_plain):
     for c in ("name", "op", "phase", "module", "io", "arg", "kind", "dtype"):
         assert compact[c].dtype == object, c
     assert compact["tensor"].iloc[1].path == unit.path / "tensors" / "x.safetensors"
+    assert compact["op"].iloc[6] == ["odd"] and compact["shape"].iloc[6] == ([2], 3)
+    if n_plain:  # equal strings and shapes are one shared object (after the chunk with the odd record)
+        assert compact["op"].iloc[-1] is compact["op"].iloc[-2] and compact["shape"].iloc[-1] is compact["shape"].iloc[-2]
 
 
 def test_bad_lines_in_several_chunks(tmp_path):

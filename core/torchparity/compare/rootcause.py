@@ -83,6 +83,29 @@ def floors(rows: Any, dtype_override: str | None = None) -> np.ndarray:
     return vals[codes] if len(jd) else np.empty(0, dtype="float64")
 
 
+def producer_columns(prod: np.ndarray) -> tuple[Any, np.ndarray]:
+    """``(record id, output index as text)`` of each ``producer`` entry (a ``(rid, index)``
+    tuple); ``-1`` and ``""`` where there is none. Integer pairs are split with numpy and each
+    distinct index is turned into text once; anything else goes through the generic rule."""
+    n = len(prod)
+    p_rid = np.full(n, -1, dtype=np.int64)
+    p_idx = np.full(n, "", dtype=object)
+    is_tuple = np.fromiter(map(type, prod), dtype=object, count=n) == tuple
+    at = np.flatnonzero(is_tuple)
+    if len(at):
+        at = at[np.fromiter(map(len, prod[at]), dtype=np.int64, count=len(at)) == 2]
+    if not len(at):
+        return p_rid, p_idx
+    pairs = np.array(prod[at].tolist())
+    if pairs.ndim != 2 or pairs.dtype.kind not in "iu":  # not integer pairs: one by one
+        return ([p[0] if isinstance(p, tuple) and len(p) == 2 else -1 for p in prod],
+                np.array([str(p[1]) if isinstance(p, tuple) and len(p) == 2 else "" for p in prod], dtype=object))
+    p_rid[at] = pairs[:, 0]
+    uniq, inv = np.unique(pairs[:, 1], return_inverse=True)
+    p_idx[at] = np.array([str(int(u)) for u in uniq], dtype=object)[inv.reshape(-1)]
+    return p_rid, p_idx
+
+
 def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, rank: int = 0,
             stacks: dict[int, list[str]] | None = None) -> tuple[dict[str, np.ndarray], list[Suspect]]:
     """Score the records of one (step, rank). ``rows`` are compare rows of that pair with
@@ -101,8 +124,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         "arg": rows["arg"].astype(str).to_numpy(), "matched": (rows["match"] != "unmatched").to_numpy(),
     })[dev]
     prod = rows["producer"].to_numpy()[dev]
-    r["p_rid"] = [p[0] if isinstance(p, tuple) and len(p) == 2 else -1 for p in prod]
-    r["p_idx"] = [str(p[1]) if isinstance(p, tuple) and len(p) == 2 else "" for p in prod]
+    r["p_rid"], r["p_idx"] = producer_columns(prod)
     is_out = r["io"].isin(["output", "grad"]) & (r["kind"] == "tensor")
     is_in = r["io"].isin(["input", "param"]) & (r["kind"] == "tensor")
 
