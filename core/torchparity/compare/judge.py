@@ -76,27 +76,31 @@ def judge(rows: Any, checkers: Sequence[Checker], mode: str) -> tuple[Any, list[
         if not res.index.equals(rows.index):
             v, rsn = v.reindex(rows.index), rsn.reindex(rows.index)
         v = v.to_numpy(dtype=object)
-        rsn = rsn.to_numpy(dtype=object)
-        v = np.where(pd.isna(v), "skip", v)
-        rsn = np.where(pd.isna(rsn), "", rsn)
-        rank = _ranks(v)
+        rank = _ranks(v)  # a missing or unknown verdict ranks as "skip": never taken below
         worse = rank > best
-        best = np.where(worse, rank, best)
-        verdict = np.where(worse, v, verdict)
-        reason = np.where(worse, rsn, reason)
-        who = np.where(worse, name, who)
+        if not worse.any():
+            continue
+        # masked updates (only the rows this checker makes worse): same result as np.where
+        # over every row, without touching 200k object references per column and checker
+        r = rsn.to_numpy(dtype=object)[worse]
+        r[pd.isna(r)] = ""
+        best[worse] = rank[worse]
+        verdict[worse] = v[worse]
+        reason[worse] = r
+        who[worse] = name
         # same verdict from several checkers: keep the first reason, note the other checker
     if "match" in rows.columns:  # nothing to pass against: an unmatched row is skipped unless a checker flags it
         um = (rows["match"].to_numpy() == "unmatched") & (verdict == "pass")
-        verdict = np.where(um, "skip", verdict)
-        if "device_record_id" in rows.columns:
-            dev_side = rows["device_record_id"].to_numpy() >= 0
-            msg = np.where(dev_side, "only in the device dump: no benchmark record",
-                           "only in the benchmark dump: no device record")
-        else:
-            msg = np.full(len(rows), "unmatched: no counterpart in the other dump", dtype=object)
-        reason = np.where(um, msg, reason)
-        who = np.where(um, "", who)
+        if um.any():
+            if "device_record_id" in rows.columns:
+                dev_side = rows["device_record_id"].to_numpy()[um] >= 0
+                msg = np.where(dev_side, "only in the device dump: no benchmark record",
+                               "only in the benchmark dump: no device record").astype(object)
+            else:
+                msg = "unmatched: no counterpart in the other dump"
+            verdict[um] = "skip"
+            reason[um] = msg
+            who[um] = ""
     rows["verdict"] = pd.Series(verdict, index=rows.index, dtype=object)
     rows["reason"] = pd.Series(reason, index=rows.index, dtype=object)
     rows["checker"] = pd.Series(who, index=rows.index, dtype=object)
