@@ -168,3 +168,78 @@ def test_accumulating_index_put_is_checked(host: bool) -> None:
         x.index_put_((torch.tensor([0]),), v, accumulate=True)  # 4e38: Inf, the culprit
         t.step()
     assert _created(t) == [("Aten.index_put_.1.forward", 0)]
+
+
+# ---- deferred screens (CPU): an output is screened through its consumer's result ----------------
+def test_deferred_producer_is_blamed_not_its_consumers() -> None:
+    with NanInfTracker() as t:
+        a = torch.ones(2, 2) * 1e20
+        y = torch.mm(a, a)  # 2e40: Inf, the culprit
+        z = (y.view(4) + torch.ones(4)).pow(2).sum(0)  # each reads the previous result: all deferred
+        t.step()
+    assert _created(t) == [("Aten.mm.0.forward", 0)] and z.isinf()
+
+
+def test_deferred_consumer_that_overflows_is_blamed() -> None:
+    with NanInfTracker() as t:
+        y = torch.ones(1) * 2  # finite (one element: the sum screens cannot overflow)
+        z = y * torch.full((1,), 1e38)  # 2e38: finite (deferred)
+        _ = z * torch.full((1,), 10.0)  # 2e39: the culprit, consumer of a deferred output
+        t.step()
+    assert _created(t) == [("Aten.mul.2.forward", 0)]
+
+
+def test_deferred_output_written_in_place_is_judged_first() -> None:
+    with NanInfTracker() as t:
+        y = torch.ones(1) * 4  # deferred
+        y.mul_(torch.full((1,), 1e38))  # overflows in place: judged after y's own screen
+        t.step()
+    assert _created(t) == [("Aten.mul_.0.forward", 0)]
+
+
+def test_deferred_output_read_in_part_by_another_op() -> None:
+    with NanInfTracker() as t:
+        y = torch.tensor([[1.0, 0.0], [0.0, 1.0]]).log()  # -inf: the culprit (deferred)
+        y[0].exp()  # a view of it, read by an op that does not carry NaN/Inf through
+        t.step()
+    assert _created(t) == [("Aten.log.0.forward", 0)]
+
+
+def test_deferred_backward_culprit_keeps_its_module() -> None:
+    model = make_model(0)
+    fault = Fault(op="aten.mm", module="layers.0.mlp.down_proj", phase="backward", call=None, step=0, kind="inf",
+                  index=0)
+    with emulate(dtype=None, faults=[fault]) as dev:
+        with NanInfTracker(model) as t:
+            t._inherit = True  # the chains run only without other modes; force them on here
+            train(model, make_batches(1))
+    inj = dev.injections[0]
+    f = t.first
+    assert (f.name, f.module, f.phase) == (f"Aten.mm.{inj.call}.backward", "layers.0.mlp.down_proj", "backward")
+
+
+def test_deferred_output_consumed_by_an_op_that_hides_inf() -> None:
+    with NanInfTracker() as t:
+        z = (torch.tensor([0.0, 1.0]) * 1.5).log().exp()  # log: -inf (the culprit); exp(-inf) = 0 hides it
+        _ = torch.where(z > 0, z, z) - torch.ones(2) * 2  # sub reads the finite exp result: fine
+        t.step()
+    assert _created(t) == [("Aten.log.0.forward", 0)] and torch.isfinite(z).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_preserving_ops_carry_every_nan_and_inf_on_the_cpu(dtype: torch.dtype) -> None:
+    """The deferral's premise, checked against the CPU kernels: a NaN/Inf read by one of these
+    ops in the listed positions always shows in the result."""
+    special = torch.tensor([float("nan"), INF, -INF], dtype=dtype)
+    others = torch.tensor([0.0, -0.0, 1.0, -1.0, 1e-30, 3e38, -3e38, INF, -INF, float("nan")], dtype=dtype)
+    a = special.repeat_interleave(len(others))
+    b = others.repeat(len(special))
+    ops = {"add": [lambda x, y: x + y, lambda x, y: y + x], "sub": [lambda x, y: x - y, lambda x, y: y - x],
+           "mul": [lambda x, y: x * y, lambda x, y: y * x], "div": [lambda x, y: x / y],
+           "silu": [lambda x, y: torch.nn.functional.silu(x)], "sqrt": [lambda x, y: x.sqrt()],
+           "pow": [lambda x, y, p=p: x.pow(p) for p in (2, 0.5, 1, 3, 1e-3)],
+           "sum": [lambda x, y: torch.stack([x, y]).sum(0)], "mean": [lambda x, y: torch.stack([x, y]).mean(0)]}
+    assert set(ops) == set(naninf._PRESERVING)
+    for name, fns in ops.items():
+        for fn in fns:
+            assert not torch.isfinite(fn(a, b)).any(), name

@@ -116,6 +116,12 @@ _SKIP, _UNCHECKED, _ALIAS, _CHECK = 0, 1, 2, 3
 # host-side facts (CPU tensors): what the screen said; device tensors keep the 0-d screen itself
 _FINITE, _INF, _NAN = 0, 1, 2
 _EXTERNAL = -1  # producer step of a tensor no tracked op produced
+#: fact of a CPU output whose screen is deferred (see NanInfTracker._resolve)
+_PENDING = object()
+#: elementwise ops and reductions whose result is non-finite wherever (one of) the listed
+#: arguments is (IEEE: NaN and Inf propagate; inf*0, inf-inf give NaN): base -> argument positions
+_PRESERVING = {"add": (0, 1), "sub": (0, 1), "mul": (0, 1), "div": (0,), "silu": (0,), "sqrt": (0,),
+               "pow": (0,), "sum": (0,), "mean": (0,)}
 
 
 class NonFiniteError(TorchparityError):
@@ -340,6 +346,10 @@ class NanInfTracker:
         # host-judged (CPU) ops: the first culprit (seq, name row, value) and first external reader
         self._host_culprit: tuple[int, tuple, str] | None = None
         self._host_entered: tuple[int, tuple] | None = None
+        # CPU outputs whose screens wait for their consumer's (see _resolve)
+        self._chain: list[list[Any]] = []
+        self._pend: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (tensor, chain index)
+        self._tail: set[int] = set()  # ids of the chain's last output and its same-size aliases
         # device-judged ops: one name row per op (with its seq), screens pending, folded state
         self._table: list[tuple[int, tuple]] = []
         self._folded = 0  # rows of _table already folded
@@ -452,12 +462,24 @@ class NanInfTracker:
         if self._stale:
             self._clear_memo()
         kind = info.kind
+        extends = False
+        if self._chain and kind != _SKIP:
+            if info.writes:
+                self._resolve()
+            elif kind == _CHECK and info.alias_src < 0:
+                if not (info.scaled >= 0 and self._inherit and args and isinstance(args[0], torch.Tensor)
+                        and _scales_down(info.scaled, args, kwargs)):  # (exact scalings alias a deferred input)
+                    extends = self._extends(info, args, kwargs)
+                    if not extends:
+                        self._resolve()
         if kind == _SKIP:
             out = func(*args, **kwargs)
             if info.alias_src == 0 and isinstance(out, torch.Tensor) and args:  # detach, alias: same values
                 e = self._memo.get(args[0])
                 if e is not None and self._current(args[0], e):
                     self._memo[out] = e
+                    if len(e) == 6:  # deferred: resolved with its source
+                        self._pend[id(out)] = (out, e[5])
             return out
         if self._in_optimizer:
             phase = "optimizer"
@@ -487,7 +509,94 @@ class NanInfTracker:
             src = args[0]
             if src.dtype in _FLOAT and src.layout == _STRIDED and src.is_cpu and src.numel():
                 return self._aliasing(func, args, kwargs, src, info, n)
-        return self._checked(func, args, kwargs, info, n)
+        return self._checked(func, args, kwargs, info, n, phase, extends)
+
+    def _extends(self, info: _OpInfo, args: tuple, kwargs: dict) -> bool:
+        """Does this op read the deferred chain's last output where a NaN/Inf always shows in
+        its result (so that a finite result proves that output finite)?"""
+        pos = _PRESERVING.get(info.base)
+        if pos is None or (kwargs and any(k != "dtype" and k != "keepdim" and k != "dim"
+                                                           for k in kwargs)):
+            return False
+        if info.base == "pow" and not (len(args) == 2 and type(args[1]) in (int, float) and args[1] > 0):
+            return False
+        tail = self._tail
+        return any(i < len(args) and isinstance(args[i], torch.Tensor) and id(args[i]) in tail for i in pos)
+
+    def _ctx(self, phase: str) -> tuple:
+        """What names the running op later: (phase, module frame, autograd node)."""
+        frame = self._tracker.current() if self._tracker is not None else None
+        node = None
+        if phase == "backward":
+            try:
+                node = torch._C._current_autograd_node()
+            except (AttributeError, RuntimeError):
+                node = None
+        return (phase, frame, node)
+
+    def _row_of(self, info: _OpInfo, n: int, ctx: tuple) -> tuple:
+        """:meth:`_row` from a context captured by :meth:`_ctx` (as :func:`where_now` names it)."""
+        phase, frame, node = ctx
+        module, cls = (frame.path, frame.cls) if frame is not None else ("", None)
+        if phase == "backward":
+            try:
+                tag = node.metadata.get(_META_KEY) if node is not None else None
+            except (AttributeError, RuntimeError):
+                tag = None
+            module, cls = (tag[0], tag[1]) if tag else ("", None)
+        return (info.prefix, info.base, n, info.op, module, cls, phase)
+
+    def _resolve(self) -> None:
+        """Judge the deferred chain: each link's output is non-finite only if the next link's is
+        (it reads it through a preserving op), so one screen of the last output clears them all;
+        otherwise every output is screened (none was written since) and judged in order."""
+        chain = self._chain
+        if not chain:
+            return
+        pend = self._pend
+        self._chain, self._pend, self._tail = [], {}, set()
+        state = _tool_state
+        state.busy = getattr(state, "busy", 0) + 1
+        try:
+            last = _host_fact(chain[-1][0])
+            facts = [_FINITE] * len(chain) if last == _FINITE else [_host_fact(link[0]) for link in chain[:-1]] + [last]
+        finally:
+            state.busy -= 1
+        memo = self._memo
+        for t, k in pend.values():
+            e = memo.get(t)
+            if e is not None and e[3] is _PENDING:
+                memo[t] = (e[0], e[1], e[2], facts[k], e[4])
+        for k, (_, info, n, seq, bad_in, bad_ext, deps, ctx) in enumerate(chain):
+            if not bad_in:
+                for d in deps:
+                    if facts[d]:
+                        bad_in = True
+            out_fact = facts[k]
+            if bad_ext and self._host_entered is None:
+                self._host_entered = (seq, self._row_of(info, n, ctx))
+            if out_fact and not bad_in and not bad_ext and self._host_culprit is None:
+                self._host_culprit = (seq, self._row_of(info, n, ctx), "NaN" if out_fact == _NAN else "Inf")
+                return
+
+    def _defer(self, t: torch.Tensor, info: _OpInfo, n: int, seq: int, phase: str, ins: list[tuple],
+               bad_scalar: bool) -> None:
+        """Leave the screen of ``t`` (this op's only output, on the CPU) to its consumer."""
+        step = self.current_step
+        bad_in, bad_ext, deps = bad_scalar, False, []
+        for e in ins:
+            f = e[3]
+            if f is _PENDING:
+                deps.append(e[5])
+            elif f:
+                if e[4] == step:
+                    bad_in = True
+                else:
+                    bad_ext = True
+        k = len(self._chain)
+        self._chain.append([t, info, n, seq, bad_in, bad_ext, deps, self._ctx(phase)])
+        self._remember(t, step, _PENDING, 0, k=k)
+        self._tail = {id(t)}
 
     def _current(self, t: torch.Tensor, e: tuple) -> bool:
         """Does the memo entry ``e`` of ``t`` still describe its value?"""
@@ -515,7 +624,8 @@ class NanInfTracker:
                 return self._remember(t, e[4], _FINITE, 0, e[1])  # part of a finite tensor
         return self._remember(t, _EXTERNAL, None, 0)
 
-    def _remember(self, t: torch.Tensor, producer: int, fact: Any, bump: int, ptr: int | None = None) -> tuple:
+    def _remember(self, t: torch.Tensor, producer: int, fact: Any, bump: int, ptr: int | None = None,
+                  k: int = -1) -> tuple:
         """Screen ``t`` (unless ``fact`` is given) and remember it. ``bump``: 1 for a tensor a
         single-tensor op just wrote (its version counter is bumped after the mode returns)."""
         if fact is None:
@@ -529,7 +639,11 @@ class NanInfTracker:
                 ptr = t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError, TypeError):  # no storage (subclasses): not remembered
             return (v, -1, -1, fact, producer)
-        e = (v, ptr, self._gen.get(ptr, 0), fact, producer)
+        if fact is _PENDING:  # deferred: the chain index rides along
+            e = (v, ptr, self._gen.get(ptr, 0), fact, producer, k)
+            self._pend[id(t)] = (t, k)
+        else:
+            e = (v, ptr, self._gen.get(ptr, 0), fact, producer)
         self._memo[t] = e
         return e
 
@@ -572,11 +686,21 @@ class NanInfTracker:
                     if w is t:
                         bump, ptr = b, p
                 if t.dtype == src.dtype or _WIDTH[t.dtype] > _WIDTH[src.dtype]:
-                    if t.is_cpu == src.is_cpu or type(hit[3]) is int:
+                    if hit[3] is _PENDING and not written and t.is_cpu:
+                        self._remember(t, hit[4], _PENDING, 0, ptr, k=hit[5])
+                        if id(src) in self._tail and t.numel() == src.numel():
+                            self._tail.add(id(t))
+                    elif hit[3] is _PENDING:  # a write, or a copy to another device: judge first
+                        self._resolve()
+                        self._remember(t, hit[4], None, bump, ptr)
+                    elif t.is_cpu == src.is_cpu or type(hit[3]) is int:
                         self._remember(t, hit[4], hit[3], bump, ptr)
                     else:  # a device screen for a CPU copy (or back): measured where it lives
                         self._remember(t, hit[4], None, bump, ptr)
                 elif t.numel():  # a narrowing cast: may overflow, so it is measured
+                    if hit[3] is _PENDING:
+                        self._resolve()
+                        hit = self._entry(src)
                     seq = self._seq
                     self._seq = seq + 1
                     self._judge(info, n, seq, [hit], False, [self._remember(t, self.current_step, None, bump, ptr)])
@@ -584,12 +708,14 @@ class NanInfTracker:
             state.busy -= 1
         return out
 
-    def _checked(self, func: Any, args: tuple, kwargs: dict, info: _OpInfo, n: int) -> Any:
+    def _checked(self, func: Any, args: tuple, kwargs: dict, info: _OpInfo, n: int, phase: str = "forward",
+                 extends: bool = False) -> Any:
         """An op that may create a NaN/Inf: screen its inputs (before it runs: in-place ops
         overwrite them) and outputs, and judge it."""
         seq = self._seq
         self._seq = seq + 1
         ins: list[tuple] = []
+        in_ts: list[torch.Tensor] = []  # the tensors of ``ins``
         widest = -1  # widest float input (inheritance must not narrow)
         bad_scalar = False
         opaque = False  # a sparse/quantised float input: not screened, so nothing is inherited
@@ -606,6 +732,7 @@ class NanInfTracker:
                             opaque = True
                         elif a.numel():
                             ins.append(self._entry(a))
+                            in_ts.append(a)
                             if _WIDTH[a.dtype] > widest:
                                 widest = _WIDTH[a.dtype]
                 elif isinstance(a, (list, tuple)):
@@ -615,6 +742,7 @@ class NanInfTracker:
                                 opaque = True
                             elif x.numel():
                                 ins.append(self._entry(x))
+                                in_ts.append(x)
                                 if _WIDTH[x.dtype] > widest:
                                     widest = _WIDTH[x.dtype]
                 elif isinstance(a, float) and not math.isfinite(a):
@@ -627,6 +755,7 @@ class NanInfTracker:
                                 opaque = True
                             elif a.numel():
                                 ins.append(self._entry(a))
+                                in_ts.append(a)
                                 if _WIDTH[a.dtype] > widest:
                                     widest = _WIDTH[a.dtype]
                     elif isinstance(a, float) and not math.isfinite(a):
@@ -641,6 +770,19 @@ class NanInfTracker:
             for w, _, _ in written:
                 if not any(w is t for t in outs):
                     outs.append(w)
+            if self._chain:
+                fl = [t for t in outs if t.dtype in _FLOAT and t.layout == _STRIDED]
+                if extends and len(fl) == 1 and fl[0].is_cpu and fl[0].numel() \
+                        and all(e[3] is _PENDING or type(e[3]) is int for e in ins):
+                    self._defer(fl[0], info, n, seq, phase, ins, bad_scalar)  # the chain grows
+                    return out
+                self._resolve()
+                ins = [self._entry(a) if len(e) == 6 else e for e, a in zip(ins, in_ts)]
+            elif self._inherit and not info.inherits and not info.writes and len(outs) == 1 and outs[0].is_cpu \
+                    and outs[0].dtype in _FLOAT and outs[0].layout == _STRIDED and outs[0].numel() \
+                    and all(type(e[3]) is int for e in ins):
+                self._defer(outs[0], info, n, seq, phase, ins, bad_scalar)  # a chain starts
+                return out
             # CPU, trusted kernels: an op that cannot create a NaN/Inf, with finite inputs and
             # in-range scalars, has finite outputs: nothing to measure
             known = info.inherits and self._inherit and not bad_scalar and not opaque \
@@ -664,6 +806,8 @@ class NanInfTracker:
     def _judge(self, info: _OpInfo, n: int, seq: int, ins: list[tuple], bad_scalar: bool, outs: list[tuple]) -> None:
         """Culprit or propagator? On the host at once when every screen is a host fact, else
         queued for the device fold."""
+        if self._chain:
+            self._resolve()
         step = self.current_step
         device = False
         bad_in = bad_scalar
@@ -689,7 +833,7 @@ class NanInfTracker:
         if not device:
             if bad_ext and self._host_entered is None:
                 self._host_entered = (seq, self._row(info, n))
-            if out_fact and not bad_in and not bad_ext:
+            if out_fact and not bad_in and not bad_ext and self._host_culprit is None:
                 self._host_culprit = (seq, self._row(info, n), "NaN" if out_fact == _NAN else "Inf")
             return
         j = len(self._table)
@@ -779,6 +923,7 @@ class NanInfTracker:
     def _read(self) -> NanInfFinding | None:
         """Fold, bring the two state numbers to the host (the one sync of a step), judge."""
         with self._lock:
+            self._resolve()
             self._fold()
             culprit = self._host_culprit
             entered = self._host_entered
