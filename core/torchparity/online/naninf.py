@@ -268,7 +268,8 @@ class NanInfTracker:
         self._first_optimizer: int | None = None
         self._in_optimizer = False
         self._lock = threading.RLock()
-        self._info: dict[Any, _OpInfo] = {}
+        self._info: dict[int, _OpInfo] = {}
+        self._funcs: list[Any] = []
         # what screens said, per tensor: (version, storage ptr, write generation, fact
         # (_FINITE/_INF/_NAN, or the device 0-d screen), producer step or _EXTERNAL)
         self._memo = TensorMemo()
@@ -445,7 +446,8 @@ class NanInfTracker:
                        out_only=frozenset(out_only), writes=writes, alias_src=alias,
                        scaled=_SCALED.get(base, -1) if ns == "aten" else -1,
                        inherits=base in _INHERITS and ns == "aten", view=opinfo.is_view(func))
-        self._info[func] = info
+        self._info[id(func)] = info
+        self._funcs.append(func)  # keeps the id valid
         return info
 
     def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -454,7 +456,7 @@ class NanInfTracker:
             return func(*args, **kwargs)
         if getattr(_tool_state, "busy", 0) > 0:
             return func(*args, **kwargs)
-        info = self._info.get(func)
+        info = self._info.get(id(func))  # OpOverload.__hash__ is Python code; overloads live forever
         if info is None:
             info = self._op_info(func)
         if self._host_culprit is not None:  # the step's culprit is known: nothing after it matters
