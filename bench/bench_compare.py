@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +32,26 @@ def _read_baseline(root: Path) -> float:
         for line in f:
             json.loads(line)
     return time.perf_counter() - t0
+
+
+def _loadavg() -> str:
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def _runs(ts: list[float]) -> str:
+    return ", ".join(f"{t:.2f}" for t in ts)
+
+
+def _version(dist: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:
+        return "?"
 
 
 def main() -> None:
@@ -51,6 +74,7 @@ def main() -> None:
         synth = time.perf_counter() - t0
         size = (dev / "step0" / "rank0" / "records.jsonl").stat().st_size
         torchparity.compare(dev, bench)  # warm-up: imports (pandas, numpy, plugins)
+        load_before = _loadavg()
         times, reads = [], []
         for _ in range(a.repeat):
             reads.append(_read_baseline(dev) + _read_baseline(bench))
@@ -59,20 +83,24 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         rc = res.root_cause
         ok = rc is not None and rc.index == int(a.records * 0.6)
-        t_cmp, t_read = min(times), min(reads)
+        load_after = _loadavg()
+        t_cmp, t_read = statistics.median(times), statistics.median(reads)
         ms = _msprobe_section(tmp, a.records if a.msprobe_records is None else a.msprobe_records)
         lines = [
             "# Benchmark: compare two statistics dumps",
             "",
-            f"Command: `.venv/bin/python bench/bench_compare.py --records {a.records}` "
-            f"(machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-            f"{__import__('os').cpu_count()} CPUs). Synthesis of the two dumps: {synth:.1f} s, "
-            f"{size / 1e6:.1f} MB of records.jsonl each.",
+            f"Command: `{' '.join(['.venv/bin/python', 'bench/bench_compare.py', *sys.argv[1:]])}`"
+            f" (machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+            f"pandas {_version('pandas')}, orjson {_version('orjson')}, {os.cpu_count()} CPUs; load average "
+            f"(1/5/15 min) {load_before} before the timed runs, {load_after} after: the machine is shared). "
+            f"Synthesis of the two dumps: {synth:.1f} s, {size / 1e6:.1f} MB of records.jsonl each.",
             "",
-            "| what | time (best of %d) | ratio to baseline |" % a.repeat,
-            "|---|---|---|",
-            f"| baseline: json-parse both records.jsonl ({2 * a.records} records) | {t_read:.2f} s | 1.00 |",
-            f"| `torchparity.compare` (read, match, metrics, root cause, verdicts; no reports) | {t_cmp:.2f} s | {t_cmp / t_read:.2f} |",
+            f"| what | median of {a.repeat} | all runs | ratio to baseline (medians) |",
+            "|---|---|---|---|",
+            f"| baseline: json-parse both records.jsonl ({2 * a.records} records) | {t_read:.2f} s | "
+            f"{_runs(reads)} | 1.00 |",
+            f"| `torchparity.compare` (read, match, metrics, root cause, verdicts; no reports) | {t_cmp:.2f} s | "
+            f"{_runs(times)} | {t_cmp / t_read:.2f} |",
             "",
             f"Target < 5 s: **{'met' if t_cmp < 5 else 'NOT met'}** ({t_cmp:.2f} s). Root cause found at the "
             f"planted record {int(a.records * 0.6)}: **{'yes' if ok else 'no'}** ({rc.name if rc else None}). "

@@ -194,11 +194,15 @@ class AllcloseChecker(Checker):
                       f"differs by {e:.3g} (> {l:.3g} for {dt}), more than its inputs (input error {ie:.3g}) "
                       f"but below the root-cause amplification")
                      if o else f"input differs by {e:.3g} (> {l:.3g} for {dt})"
-                     for e, l, dt, ie, o in zip(err[w], limit[w], dtypes[w], in_err[w], out_like[w])]
+                     # Python floats: formatting numpy scalars is slower (same text)
+                     for e, l, dt, ie, o in zip(err[w].tolist(), limit[w].tolist(), dtypes[w].tolist(),
+                                                in_err[w].tolist(), out_like[w].tolist())]
         e_ = beyond & out_like & amplified
         verdict[e_] = "error"
         reason[e_] = [f"output differs by {e:.3g} (> {l:.3g} for {dt}) while its inputs differ by {ie:.3g}: "
-                      f"introduced here" for e, l, dt, ie in zip(err[e_], limit[e_], dtypes[e_], in_err[e_])]
+                      f"introduced here"
+                      for e, l, dt, ie in zip(err[e_].tolist(), limit[e_].tolist(), dtypes[e_].tolist(),
+                                              in_err[e_].tolist())]
         # shape, NaN/Inf, scalar arguments
         ds, bs = col("device_shape", None).to_numpy(dtype=object), col("bench_shape", None).to_numpy(dtype=object)
         shape_bad = is_tensor & _shapes_differ(ds, bs)

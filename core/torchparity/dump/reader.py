@@ -680,9 +680,9 @@ class _CompareColumns:
     Equal values of the few-valued columns (op, level, phase, module, io, arg, kind, dtype,
     shape) share one object: every later comparison, ``isna`` or factorization of 200k rows then
     reads a handful of objects that stay in the CPU cache instead of one scattered object per
-    row (about 10x faster each). JSON numbers of equal value would share the first one seen
-    (``1`` for a later ``1.0``) in the text columns, where the schema has strings; ``arg`` and
-    ``shape`` keep their exact values."""
+    row (about 10x faster each). Values are shared by equality, so JSON numbers of equal value
+    share the first one seen (``1`` for a later ``1.0``) in the text columns, where the schema
+    has strings, and in shapes; ``arg`` shares strings only (its non-strings become text)."""
 
     def __init__(self) -> None:
         self.heads: list[list[Any]] = [[] for _ in range(9)]
