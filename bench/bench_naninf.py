@@ -9,6 +9,7 @@ Target (issue 5): NanInfTracker <= 1.3x the tool-off step time on CPU.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -51,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         "NanInfTracker": lambda: torchparity.NanInfTracker(bench.model),
     }
     print(model_line(bench), flush=True)
+    load0 = _load()
     res = time_configs(bench, configs, rounds=a.rounds, warmup=a.warmup, steps=a.steps)
+    load1 = _load()
     base = res["tool off"]
     lines = [
         "# NanInfTracker overhead",
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"- Model: {model_line(bench)}",
         *[f"- {k}: {v}" for k, v in machine().items()],
+        f"- Load average (1/5/15 min) before: {load0}, after: {load1} (this process adds up to its thread count)",
         f"- Protocol: {a.rounds} interleaved rounds x ({a.warmup} warm-up + {a.steps} timed steps, stopping the "
         "tool timed apart); median per-step time; ratio = median / tool-off median in the same process.",
         "",
@@ -76,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
+
+
+def _load() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - not on every OS
+        return "n/a"
 
 
 if __name__ == "__main__":

@@ -272,7 +272,7 @@ class NanInfTracker:
         self._funcs: list[Any] = []
         # what screens said, per tensor: (version, storage ptr, write generation, fact
         # (_FINITE/_INF/_NAN, or the device 0-d screen), producer step or _EXTERNAL)
-        self._memo = TensorMemo()
+        self._memo = TensorMemo(limit=20_000)  # dead entries (and their device screens) swept early
         self._gen: dict[int, int] = {}  # storage ptr -> write generation (writes seen by the tracker)
         self._stale = True  # the memo may have missed writes: clear it before the next tracked op
         self._inherit = True  # no other dispatch mode below the tracker: CPU inheritance is safe
