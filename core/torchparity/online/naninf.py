@@ -23,7 +23,12 @@ How it works (one :class:`~torch.utils._python_dispatch.TorchDispatchMode`):
   cannot turn finite inputs into a NaN/Inf (``cat``, ``index_select``, ``where``, ``relu``,
   ``clamp``, ``amax`` ... see ``_INHERITS``) give their outputs "finite" without measuring them
   when every input is known finite (only while no other dispatch mode, e.g. an emulated device
-  that may corrupt any op's output, runs below the tracker).
+  that may corrupt any op's output, runs below the tracker). Under the same condition an output
+  read whole by the next op through one that carries every NaN/Inf into its result (``add``,
+  ``mul``, ``div``'s numerator, ``pow``, ``sum``, ``mean``, ``silu``, ``sqrt``: ``_PRESERVING``)
+  is not screened itself: a finite result proves it finite; otherwise (or before anything else
+  reads or writes it, or at the step end) it is screened and judged as usual, so the verdicts
+  are those of screening every output (see :meth:`NanInfTracker._resolve`).
 * Other devices: per op the host only appends to lists (which screens are the op's inputs, which
   its outputs, the op's name, module path and phase); at a step boundary (``optimizer.step()`` or
   :meth:`NanInfTracker.step`) the screens are stacked and folded *on the device* into two int64
