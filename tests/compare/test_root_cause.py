@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
@@ -116,3 +117,26 @@ def test_per_op_tolerance_override(dumps, tmp_path):
     sel = lambda r: r[(r["device_name"] == "Aten.mm.5.forward") & (r["io"] == "output")]["verdict"].tolist()  # noqa: E731
     assert sel(strict.rows) == ["error"]
     assert sel(loose.rows) == ["pass"]
+
+
+def test_checksums_of_different_algorithms_are_not_compared(dumps, tmp_path, caplog):
+    """An older dump's MD5 (32 hex digits) against today's XXH3-64 (16) is not 'different'."""
+    import shutil
+    from pathlib import Path
+
+    bench = Path(dumps("aten", "md5"))
+    old = tmp_path / "old_md5"
+    shutil.copytree(bench, old)
+    for f in old.glob("step*/rank*/records.jsonl"):
+        lines = []
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            for t in r["tensors"]:
+                if t.get("md5"):
+                    t["md5"] = t["md5"] * 2  # 32 digits, as MD5 wrote them
+            lines.append(json.dumps(r))
+        f.write_text("\n".join(lines) + "\n")
+    res = torchparity.compare(str(bench), str(old))
+    assert res.rows["md5_equal"].isna().all() and not res.rows["md5_comparable"].any()
+    assert res.root_cause is None
+    assert "different algorithms" in caplog.text

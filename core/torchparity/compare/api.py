@@ -438,6 +438,13 @@ def _build_rows(both: Any, step: int, rank: int) -> Any:
     rows["device_md5"] = both["d_md5"]
     rows["bench_md5"] = both["b_md5"]
     has_md5 = both["d_md5"].notna() & both["b_md5"].notna()
+    # checksums of different algorithms (XXH3-64: 16 hex digits, MD5 of older dumps: 32, msprobe's
+    # CRC-32: 8) have different lengths and say nothing about each other
+    same_algo = both["d_md5"].astype(str).str.len() == both["b_md5"].astype(str).str.len()
+    if (has_md5 & ~same_algo).any():
+        log.warning("the two dumps' checksums come from different algorithms (e.g. an older dump's MD5 against "
+                    "XXH3-64): they are not compared; re-dump both sides with the same torchparity version")
+    has_md5 &= same_algo
     eq = (both["d_md5"] == both["b_md5"]).astype(object)
     rows["md5_equal"] = eq.where(has_md5, None)
     error = sm["stat_error"]
