@@ -240,3 +240,41 @@ def test_small_tensor_statistics_match_the_tensor_path(values: list[float]) -> N
     assert got is not None
     for g, w in zip(got, want):
         assert (math.isnan(g) and math.isnan(w)) or g == pytest.approx(w, rel=1e-6)
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+def test_api_level_reuse_sees_python_writes(tmp_path: Path, level: str) -> None:
+    x = torch.randn(32)
+    with torchparity.dump(str(tmp_path / "d"), level=level, mode="md5"):
+        y = torch.mul(x, 2)
+        y.data.mul_(3)            # a write through an alias with its own version counter
+        a = torch.add(y, 1)
+        y[0] = 100.0              # __setitem__
+        b = torch.add(y, 1)
+        torch._foreach_add_([y], 1.0)   # no version bump at all
+        c = torch.add(y, 1)
+        del a, b, c
+    from torchparity.capture.stats import tensor_checksum
+
+    recs = [r for r in _records(tmp_path / "d") if r["op"] == "torch.add"]
+    y_now = x * 6
+    expected = []
+    expected.append(y_now.clone())
+    y_now[0] = 100.0
+    expected.append(y_now.clone())
+    expected.append(y_now + 1)
+    assert len(recs) == 3
+    for rec, want in zip(recs, expected):
+        inp = next(t for t in rec["tensors"] if t["io"] == "input" and t["arg"] == "0")
+        assert inp["md5"] == tensor_checksum(want) and inp["stats"]["max"] == pytest.approx(want.max().item())
+
+
+def test_api_level_does_not_reuse_in_distributed_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")  # e.g. under torchrun: DDP writes gradients from C++
+    d = torchparity.dump(str(tmp_path / "d"), level="api")
+    d.start()
+    try:
+        assert d.session is not None and not d.session.reuse_stats
+    finally:
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        d.stop()

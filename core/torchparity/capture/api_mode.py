@@ -79,6 +79,22 @@ def _is_inplace_call(base: str, kwargs: dict) -> bool:
     return (base.endswith("_") and not base.endswith("__")) or base.startswith("__i") or base == "__setitem__" or "out" in kwargs
 
 
+def _writes(func: Any, kwargs: dict) -> bool:
+    """Whether a call may write into its tensor arguments (conservatively: by its name)."""
+    name = getattr(func, "__name__", "") or ""
+    return _is_inplace_call(name, kwargs)
+
+
+def _tensors_of(args: tuple, kwargs: dict) -> list[Any]:
+    out: list[Any] = []
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(x for x in a if isinstance(x, torch.Tensor))
+    return out
+
+
 class ApiCaptureMode(TorchFunctionMode):
     """Records API calls into a :class:`CaptureSession` (levels ``api`` and ``mix``)."""
 
@@ -87,6 +103,12 @@ class ApiCaptureMode(TorchFunctionMode):
         self.session = session
         self.tag_only = tag_only
         self._pending_bw: list[GradWatch] = []
+        # This mode sees every Python-level write (in-place methods, out=, _foreach_*_, writes
+        # through .data), and C++ writes bump version counters, so the session may reuse
+        # measurements, except in distributed runs, where collectives (DDP's reducer) write
+        # gradients from C++ without a version bump (session.api_reuse re-checks every step).
+        if not tag_only:
+            session.enable_api_reuse()
 
     # -- backward assembly --------------------------------------------------------------------
     def _emit_backward(self, watch: GradWatch) -> None:
@@ -147,7 +169,17 @@ class ApiCaptureMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         s = self.session
-        if s.busy or tool_is_busy() or not s.enabled_step:
+        if s.busy or tool_is_busy():
+            return func(*args, **kwargs)
+        if s.reuse_stats and _writes(func, kwargs):
+            out = self._dispatch(func, args, kwargs)
+            s.note_writes(_tensors_of(args, kwargs))
+            return out
+        return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        s = self.session
+        if not s.enabled_step:
             return func(*args, **kwargs)
         try:
             info = _cached_classify(func)

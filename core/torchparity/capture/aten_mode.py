@@ -55,7 +55,8 @@ class AtenCaptureMode(TorchDispatchMode):
         self.collectives_only = collectives_only
         self._names: dict[Any, tuple[str, str, bool, bool, bool, tuple[tuple[int, str, bool], ...], bool]] = {}
         # this mode sees every kernel, so every write: the session may reuse statistics
-        session.reuse_stats = not collectives_only
+        if not collectives_only:
+            session.reuse_stats = True
 
     def _info(self, func: Any) -> tuple[str, str, bool, bool, bool, tuple[tuple[int, str, bool], ...], bool]:
         info = self._names.get(func)

@@ -77,6 +77,18 @@ def _scalar_value(x: Any) -> Any:
     return None
 
 
+def _distributed() -> bool:
+    """A distributed run, or one about to be (under torchrun, before init_process_group)."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return True
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+    except Exception:  # pragma: no cover
+        return False
+
+
 def current_rank() -> int:
     try:
         import torch.distributed as dist
@@ -159,6 +171,7 @@ class CaptureSession:
         # Statistics reuse (only while every write is seen, i.e. at aten level; see reuse_stats):
         # tensor -> (version, storage ptr, storage write generation, stats) and ptr -> generation
         self.reuse_stats = False
+        self._api_reuse = False  # set by the API mode: reuse unless torch.distributed is initialised
         self._measured = TensorMemo()
         self._write_gen: dict[int, int] = {}
         self._pending: list[OpRecord] = []
@@ -221,6 +234,8 @@ class CaptureSession:
             self._producers.clear()
             self._measured.clear()
             self._write_gen.clear()
+            if self._api_reuse and self.reuse_stats and _distributed():
+                self.reuse_stats = False
             self.tracker.new_step()
             if self._stacks is not None:
                 self._stacks.reset()
@@ -403,6 +418,12 @@ class CaptureSession:
             self._measured[v] = (v._version, ptr, self._write_gen.get(ptr, 0), measured)
         except (RuntimeError, NotImplementedError, TypeError):  # no storage/version (inference, subclasses)
             pass
+
+    def enable_api_reuse(self) -> None:
+        """The API-level mode watches Python-level writes: reuse measurements (single process)."""
+        self._api_reuse = True
+        if not _distributed():
+            self.reuse_stats = True
 
     def note_writes(self, tensors: Iterable[Any]) -> None:
         """An op wrote into these tensors: statistics measured through any alias are stale."""
