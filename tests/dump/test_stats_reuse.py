@@ -278,3 +278,53 @@ def test_api_level_does_not_reuse_in_distributed_runs(tmp_path: Path, monkeypatc
     finally:
         monkeypatch.setenv("WORLD_SIZE", "1")
         d.stop()
+
+
+def test_expand_statistics_follow_from_the_input(tmp_path: Path) -> None:
+    x = torch.tensor([[1.0], [float("inf")], [-2.0]])
+    with torchparity.dump(str(tmp_path / "d"), level="aten"):
+        y = x.expand(3, 4)
+        z = y.sum()
+        del z
+    rec = _first(_records(tmp_path / "d"), "aten.expand")
+    got = _stats(rec, "output")
+    want = host_stats(x.expand(3, 4).contiguous())
+    assert got["max"] == "Infinity" and got["min"] == -2.0 and got["inf"] == 4 and got["nan"] == 0
+    x2 = torch.randn(5, 1)
+    with torchparity.dump(str(tmp_path / "e"), level="aten"):
+        y2 = x2.expand(5, 7)
+        del y2
+    got2 = _stats(_first(_records(tmp_path / "e"), "aten.expand"), "output")
+    want = host_stats(x2.expand(5, 7).contiguous())
+    assert [got2[k] for k in ("max", "min", "mean", "norm")] == pytest.approx(want[:4], rel=1e-6)
+
+
+def test_measurements_carry_across_steps_until_written(tmp_path: Path) -> None:
+    model, batches = make_model(), make_batches(3)
+    params = list(model.parameters())
+    from torchparity.capture import session as session_mod
+
+    measured_params: dict[int, int] = {}
+    orig = session_mod.host_stats
+    d = torchparity.dump(str(tmp_path / "d"), level="aten")
+
+    def counting(t: torch.Tensor):  # type: ignore[no-untyped-def]
+        if any(t is p for p in params):
+            step = d.session.step if d.session else -1
+            measured_params[step] = measured_params.get(step, 0) + 1
+        return orig(t)
+
+    session_mod.host_stats = counting
+    try:
+        with d:
+            train(model, batches)
+    finally:
+        session_mod.host_stats = orig
+    # step 0 measures the parameters when it first reads them, and again after the optimizer
+    # wrote them; steps 1 and 2 read them unchanged from step 0's optimizer and never re-measure
+    # before their own optimizer writes them
+    assert measured_params.get(0, 0) >= len(params)
+    recs = _records(tmp_path / "d", 1)
+    first_reads = [r for r in recs if r["op"] == "aten.t.default" and r["phase"] == "forward"]
+    assert first_reads and all(_stats(r, "input")["norm"] > 0 for r in first_reads)
+    assert measured_params.get(1, 0) <= measured_params.get(0, 0) - len(params)

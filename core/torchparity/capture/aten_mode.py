@@ -114,6 +114,8 @@ class AtenCaptureMode(TorchDispatchMode):
                 s.note_writes(_written(args, kwargs, writes))
             elif base in _SAME_VALUES and args:
                 s.same_values(args[0], out, _SAME_VALUES[base])
+            elif base == "expand" and args:
+                s.expanded_values(args[0], out)
             outs = flat_outputs(out)
             rec.tensors += s.describe(outs, "output", rec.id, link=False,
                                       no_values=_ALL_OUTPUTS if base in _UNINITIALIZED_RESULT else frozenset())

@@ -10,6 +10,7 @@ across runs of the same script.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from weakref import ref as _weakref
@@ -232,8 +233,12 @@ class CaptureSession:
             self._name_counters.clear()
             self._call_counters.clear()
             self._producers.clear()
-            self._measured.clear()
-            self._write_gen.clear()
+            # Measurements stay valid across steps (parameters and optimizer state are read again
+            # unchanged at the next step) while every write is seen; saved-tensor keys do not
+            # (files are per step), and the write table is bounded.
+            if self.options.mode == "tensor" or len(self._write_gen) > 1_000_000:
+                self._measured.clear()
+                self._write_gen.clear()
             if self._api_reuse and self.reuse_stats and _distributed():
                 self.reuse_stats = False
             self.tracker.new_step()
@@ -451,6 +456,20 @@ class CaptureSession:
                             memo[t] = e[:vi] + (e[vi] + 1,) + e[vi + 1:]
                     except RuntimeError:
                         pass
+
+    def expanded_values(self, src: Any, dst: Any) -> None:
+        """``dst = src.expand(...)`` repeats every element of ``src`` the same number of times:
+        its statistics follow from ``src``'s (norm and NaN/Inf counts scale), no pass needed."""
+        if not self.reuse_stats or not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor) \
+                or src.dtype != dst.dtype or src.device != dst.device:
+            return
+        hit = self._lookup(src)
+        n_in, n_out = src.numel(), dst.numel()
+        if hit is None or not isinstance(hit[0], list) or n_in == 0 or n_out % n_in:
+            return
+        f = n_out // n_in
+        mx, mn, mean, norm, nan, inf = hit[0]
+        self._remember(dst, ([mx, mn, mean, norm * math.sqrt(f), nan * f, inf * f], None, None, None))
 
     def same_values(self, src: Any, dst: Any, keeps_order: bool = True) -> None:
         """``dst`` holds exactly ``src``'s elements (a view, transpose or clone of it): give it
