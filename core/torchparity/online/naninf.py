@@ -730,43 +730,33 @@ class NanInfTracker:
         state.busy = getattr(state, "busy", 0) + 1
         try:
             first, out_only = info.first, info.out_only
+            cands: list[torch.Tensor] = []  # tensor inputs (not out= destinations), lists flattened
             for i, a in enumerate(args):
                 if i < first:
                     continue
                 if isinstance(a, torch.Tensor):
-                    if a.dtype in _FLOAT and i not in out_only:
-                        if a.layout != _STRIDED:
-                            opaque = True
-                        elif a.numel():
-                            ins.append(self._entry(a))
-                            in_ts.append(a)
-                            if _WIDTH[a.dtype] > widest:
-                                widest = _WIDTH[a.dtype]
+                    if i not in out_only:
+                        cands.append(a)
                 elif isinstance(a, (list, tuple)):
-                    for x in a:
-                        if isinstance(x, torch.Tensor) and x.dtype in _FLOAT:
-                            if x.layout != _STRIDED:
-                                opaque = True
-                            elif x.numel():
-                                ins.append(self._entry(x))
-                                in_ts.append(x)
-                                if _WIDTH[x.dtype] > widest:
-                                    widest = _WIDTH[x.dtype]
+                    cands.extend(x for x in a if isinstance(x, torch.Tensor))
                 elif isinstance(a, float) and not math.isfinite(a):
                     bad_scalar = True
             if kwargs:
                 for k, a in kwargs.items():
                     if isinstance(a, torch.Tensor):
-                        if a.dtype in _FLOAT and k not in out_only:
-                            if a.layout != _STRIDED:
-                                opaque = True
-                            elif a.numel():
-                                ins.append(self._entry(a))
-                                in_ts.append(a)
-                                if _WIDTH[a.dtype] > widest:
-                                    widest = _WIDTH[a.dtype]
+                        if k not in out_only:
+                            cands.append(a)
                     elif isinstance(a, float) and not math.isfinite(a):
                         bad_scalar = True
+            for a in cands:
+                if a.dtype in _FLOAT:
+                    if a.layout != _STRIDED:
+                        opaque = True
+                    elif a.numel():
+                        ins.append(self._entry(a))
+                        in_ts.append(a)
+                        if _WIDTH[a.dtype] > widest:
+                            widest = _WIDTH[a.dtype]
         finally:
             state.busy -= 1
         out = func(*args, **kwargs)
