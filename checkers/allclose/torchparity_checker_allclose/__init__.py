@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from torchparity import hookimpl
+from torchparity.compare.metrics import factorize_shapes
 from torchparity.errors import PluginError
 from torchparity.plugin_types import CheckContext, Checker, CheckResult
 
@@ -280,19 +281,6 @@ def _verdicts(verdict: Any, reason: Any, index: Any) -> Any:
                          "reason": pd.Series(reason, index=index, dtype=object)})
 
 
-def _factorize_shapes(arr: Any) -> Any:
-    """``pd.factorize`` of shapes; anything but a tuple (an unhashable list) is a missing shape."""
-    import numpy as np
-    import pandas as pd
-
-    try:
-        return pd.factorize(arr)
-    except TypeError:
-        clean = np.empty(len(arr), dtype=object)
-        clean[:] = [s if isinstance(s, tuple) else None for s in arr]
-        return pd.factorize(clean)
-
-
 def _numel(shapes: Any) -> Any:
     """Elements per shape tuple (NaN where the shape is unknown), one product per distinct shape."""
     import numpy as np
@@ -301,7 +289,7 @@ def _numel(shapes: Any) -> Any:
     arr = pd.Series(list(shapes), dtype=object).to_numpy()
     if not len(arr):
         return np.empty(0, dtype="float64")
-    codes, uniq = _factorize_shapes(arr)
+    codes, uniq = factorize_shapes(arr)
     vals = np.array([float(math.prod(s)) if isinstance(s, tuple) else np.nan for s in uniq] + [np.nan], dtype="float64")
     return vals[codes]
 
@@ -315,7 +303,7 @@ def _shapes_differ(ds: Any, bs: Any) -> Any:
     if not n:
         return np.zeros(0, dtype=bool)
     both = pd.Series(list(ds) + list(bs), dtype=object).to_numpy()
-    codes, uniq = _factorize_shapes(both)
+    codes, uniq = factorize_shapes(both)
     is_tuple = np.array([isinstance(u, tuple) for u in uniq] + [False], dtype=bool)
     cd, cb = codes[:n], codes[n:]
     return is_tuple[cd] & is_tuple[cb] & (cd != cb)
