@@ -32,9 +32,11 @@ those and msprobe dumps (``dump.json``) on either side.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import weakref
 import shutil
 import time
 from pathlib import Path
@@ -111,10 +113,9 @@ class PrecisionDebugger:
     # ---- msprobe API --------------------------------------------------------------------------
     def start(self, model: Any = None) -> None:
         """Start (or resume) dumping."""
-        import torchparity
-
         if self._dumper is None:
-            self._dumper = torchparity.dump(model=model or self.model, **self.options)
+            self._dumper = _msprobe_dumper(model or self.model, self.options)
+            _OPEN.add(self)
         if self._dumper.session is None:
             self._dumper.start()
         else:
@@ -126,39 +127,60 @@ class PrecisionDebugger:
             self._dumper._finish_step_records()  # backward records of the api/module levels
             self._dumper.session.enabled_step = False
             self._dumper.flush()
-            self._check_overflow()
 
     def step(self) -> None:
-        """End the step: what follows is written under the next ``step{S}`` directory."""
+        """End the step: what follows is written under the next ``step{S}`` directory.
+
+        The only thing that advances the step (``optimizer.step()`` does not, unlike a native
+        ``torchparity.dump``): the seed's loop ``start / forward / backward / optimizer.step() /
+        stop / step`` writes ``step0``, ``step1``, ``step2``."""
         if self._dumper is None or self._dumper.session is None:
             return
         was = self._dumper.session.enabled_step
+        closed = self._dumper.session.step
         self._dumper.step()
-        self._check_overflow()
+        self._dumper.flush()  # the closed step's files and footer are on disk
+        self._check_overflow([closed])
         if not was:
             self._dumper.session.enabled_step = False
 
     def close(self) -> None:
         """Finish the dump (also done at interpreter exit)."""
+        _OPEN.discard(self)
         if self._dumper is not None:
+            last = self._dumper.session.step if self._dumper.session is not None else None
             self._dumper.stop()
-            self._check_overflow()
+            if last is not None:
+                self._check_overflow([last])
 
     def _resume(self) -> None:
         s = self._dumper.session
         s.enabled_step = s._step_enabled()
 
     # ---- overflow_check -------------------------------------------------------------------------
-    def _check_overflow(self) -> None:
+    def _check_overflow(self, steps: list[int]) -> None:
+        """Scan the given *closed* steps (their footers are written) for overflowing ops.
+
+        Only closed steps are read: the step still being recorded has no ``footer.json`` yet, and
+        reading it would report the dump as damaged ("not closed cleanly") after a normal stop."""
         if self.task != "overflow_check" or self._dumper is None:
             return
         from ..cli.overflow_cmd import analyse
         from ..plugins import get_registry
 
-        self._dumper.flush()
-        if not Path(self.dump_path).exists():
-            return
-        report = analyse(self.dump_path, checker=get_registry().get("checker", "overflow"))
+        root = Path(self.dump_path)
+        rank = self._dumper.session._rank if self._dumper.session is not None else None
+        for s in steps:
+            if not any((root / f"step{s}").glob("rank*/footer.json")):
+                continue  # nothing recorded in that step (filtered out, or paused throughout)
+            report = analyse(root, step=s, rank=rank, checker=get_registry().get("checker", "overflow"))
+            self._note_overflows(report)
+        root.mkdir(parents=True, exist_ok=True)
+        Path(root, "overflow.json").write_text(
+            json.dumps({"overflow_nums": self.overflow_nums, "overflows": self.overflows}, indent=2) + "\n",
+            encoding="utf-8")
+
+    def _note_overflows(self, report: dict[str, Any]) -> None:
         ids = {(o["step"], o["rank"], o["record_id"]) for o in self.overflows}
         for f in report["first_critical"]:
             if (f["step"], f["rank"], f["record_id"]) not in ids:
@@ -168,9 +190,36 @@ class PrecisionDebugger:
         if self.overflow_nums != -1 and len(self.overflows) >= self.overflow_nums and self._dumper.session is not None:
             self._dumper.session.options.steps = []  # msprobe stops dumping after overflow_nums overflows
             self._dumper.session.enabled_step = False
-        Path(self.dump_path, "overflow.json").write_text(
-            json.dumps({"overflow_nums": self.overflow_nums, "overflows": self.overflows}, indent=2) + "\n",
-            encoding="utf-8")
+
+
+#: debuggers started and not closed: closed at interpreter exit (before the dumps they hold), so
+#: the last step is scanned and ``overflow.json`` written even without ``close()``
+_OPEN: "weakref.WeakSet[PrecisionDebugger]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_debuggers() -> None:
+    for d in list(_OPEN):
+        try:
+            d.close()
+        except Exception as exc:  # pragma: no cover - never fail the interpreter's exit
+            log.error("msprobe façade: closing the dump at exit failed: %s", exc)
+
+
+def _msprobe_dumper(model: Any, options: dict[str, Any]) -> Any:
+    """A :class:`~torchparity.dump.api.Dumper` whose steps advance only on ``debugger.step()``.
+
+    A native dump also ends the step on ``optimizer.step()``; msprobe counts steps by
+    ``debugger.step()`` alone, and doing both numbered the seed's loop step0, step2, step4."""
+    from ..dump.api import Dumper, dump
+
+    class _MsprobeDumper(Dumper):
+        def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+            if self.session is not None:
+                self.session.in_optimizer = False  # the optimizer's ops are over; no step change
+
+    plain = dump(**options)  # validates the options as the native API does
+    return _MsprobeDumper(plain.options, model=model)
 
 
 def _seed_everything(seed: int) -> None:
