@@ -43,10 +43,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import UsageError
+from .msprobe_grad import GradComparator
 
 log = logging.getLogger("torchparity")
 
-__all__ = ["PrecisionDebugger", "compare", "compare_distributed", "graph"]
+__all__ = ["PrecisionDebugger", "GradComparator", "compare", "compare_distributed", "graph"]
 
 #: msprobe's communication API names (seed 001, "通信类API支持列表") and the aten names they reach.
 DISTRIBUTED_OPS = ("send", "recv", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "isend", "irecv",
@@ -85,6 +86,19 @@ class PrecisionDebugger:
             cfg["dump_path"] = str(dump_path)
         self.config = cfg
         self.task = cfg.get("task", "statistics")
+        self.model = model
+        self._dumper: Any = None
+        self._grad_monitor: Any = None
+        self.overflows: list[dict[str, Any]] = []
+        if self.task == "grad_probe":  # seed 004: monitor(model), a GradMonitor (msprobe_grad.py)
+            from .msprobe_grad import grad_probe_settings
+
+            self.grad_settings = grad_probe_settings(cfg, str(config_path or "PrecisionDebugger"))
+            self.dump_path = self.grad_settings["output_dir"]
+            self.options: dict[str, Any] = {}
+            self.overflow_nums = 0
+            self._apply_seed(cfg)
+            return
         section = cfg.get(self.task) or {}
         lst = [str(x) for x in section.get("list") or []]
         if "distributed" in lst:
@@ -100,9 +114,9 @@ class PrecisionDebugger:
         self.overflow_nums = int((cfg.get("overflow_check") or {}).get("overflow_nums", 1))
         self.dump_path = opts["path"]
         self.options = opts
-        self.model = model
-        self.overflows: list[dict[str, Any]] = []
-        self._dumper: Any = None
+        self._apply_seed(cfg)
+
+    def _apply_seed(self, cfg: dict[str, Any]) -> None:
         if cfg.get("seed") is not None:
             _seed_everything(int(cfg["seed"]))
         if cfg.get("is_deterministic"):
@@ -111,8 +125,22 @@ class PrecisionDebugger:
             torch.use_deterministic_algorithms(True, warn_only=True)
 
     # ---- msprobe API --------------------------------------------------------------------------
+    def monitor(self, model: Any) -> None:
+        """``task: grad_probe``: record ``model``'s gradients at every optimizer step (seed 004)."""
+        if self.task != "grad_probe":
+            raise UsageError(f"PrecisionDebugger.monitor is for task grad_probe; this config's task is {self.task!r}")
+        from .msprobe_grad import start_grad_probe
+
+        if self._grad_monitor is not None:
+            self._grad_monitor.stop()
+        self._grad_monitor = start_grad_probe(model, self.grad_settings)
+        if self._grad_monitor is not None:
+            _OPEN.add(self)
+
     def start(self, model: Any = None) -> None:
         """Start (or resume) dumping."""
+        if self.task == "grad_probe":
+            return  # the gradient probe runs from monitor(model) on; steps are optimizer steps
         if self._dumper is None:
             self._dumper = _msprobe_dumper(model or self.model, self.options)
             _OPEN.add(self)
@@ -122,7 +150,9 @@ class PrecisionDebugger:
             self._resume()
 
     def stop(self) -> None:
-        """Pause dumping (``start()`` resumes into the same step)."""
+        """Pause dumping (``start()`` resumes into the same step); ``grad_probe``: end monitoring."""
+        if self._grad_monitor is not None:
+            self.close()
         if self._dumper is not None and self._dumper.session is not None:
             self._dumper._finish_step_records()  # backward records of the api/module levels
             self._dumper.session.enabled_step = False
@@ -147,6 +177,9 @@ class PrecisionDebugger:
     def close(self) -> None:
         """Finish the dump (also done at interpreter exit)."""
         _OPEN.discard(self)
+        if self._grad_monitor is not None:
+            self._grad_monitor.stop()
+            self._grad_monitor = None
         if self._dumper is not None:
             last = self._dumper.session.step if self._dumper.session is not None else None
             self._dumper.stop()
