@@ -47,8 +47,11 @@ def plot_series(path: Path, steps: Sequence[int], values: Sequence[float], *, ti
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(str(path), format="png")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(str(path), format="png")
+    except OSError as exc:
+        raise UsageError(f"cannot write the plot {path}: {exc.strerror or exc}") from None
     return path
 
 
