@@ -24,7 +24,13 @@ What each ``config.json`` key does here:
   names; ``"distributed"`` = collectives only), ``data_mode``, ``summary_mode`` (``md5``):
   the dump filters (:func:`torchparity.dump.options.from_msprobe`); ``"list": ["distributed"]``
   records only ``torch.distributed`` APIs and c10d collectives;
-* ``dump_path`` argument: overrides the file's ``dump_path``.
+* ``dump_path`` argument: overrides the file's ``dump_path``;
+* ``task: grad_probe`` (seed 004): ``debugger.monitor(model)`` records the gradients at every
+  optimizer step with :class:`~torchparity.gradients.GradMonitor` in msprobe's layout
+  (``grad_level``, ``param_list``, ``bounds``, ``rank``, ``step``: :mod:`.msprobe_grad`);
+  :class:`GradComparator` compares two such dumps.
+
+Steps advance only on ``debugger.step()`` (not on ``optimizer.step()``, unlike a native dump).
 
 Dumps are torchparity dumps (``DUMP/step{S}/rank{R}/records.jsonl``); :func:`compare` accepts
 those and msprobe dumps (``dump.json``) on either side.

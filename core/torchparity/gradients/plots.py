@@ -44,6 +44,9 @@ def plot_series(path: Path, steps: Sequence[int], values: Sequence[float], *, ti
         ax.axhline(threshold, color="tab:red", linestyle="--", linewidth=0.8)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("step")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
