@@ -196,3 +196,55 @@ def test_compare_bad_input_is_a_usage_error(in_tmp):
     with pytest.raises(UsageError, match="rank folders"):
         Path("a").mkdir(); Path("b").mkdir()
         compare_distributed("./a", "./b", "./o")
+
+
+def seed_training_loop(config: str, dump_path: str, iterations: int = 3) -> None:
+    """Seed 001's loop around a real training step: start / forward / backward /
+    optimizer.step() / stop / step, once per iteration."""
+    debugger = PrecisionDebugger(config_path=config, dump_path=dump_path)
+    model = make_model(cfg=CFG)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, _ in make_batches(iterations, cfg=CFG):
+        debugger.start()
+        loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        debugger.stop()
+        debugger.step()
+    debugger.close()
+
+
+def test_seed_loop_with_an_optimizer_counts_each_step_once(in_tmp):
+    """optimizer.step() does not advance the façade's step: only debugger.step() does."""
+    write_config(in_tmp / "config.json", task="statistics")
+    seed_training_loop("./config.json", "./d")
+    assert sorted(p.name for p in Path("d").glob("step*")) == ["step0", "step1", "step2"]
+    df = torchparity.load_dump("./d")
+    assert sorted(set(df["step"])) == [0, 1, 2] and "optimizer" in set(df["phase"])
+
+
+def test_step_1_of_three_iterations_dumps_step1(in_tmp):
+    write_config(in_tmp / "config.json", task="statistics", step=[1])
+    seed_training_loop("./config.json", "./d")
+    df = torchparity.load_dump("./d")
+    assert set(df["step"]) == {1} and not df.empty
+
+
+def test_overflow_check_normal_run_has_no_damage_warning(in_tmp, caplog):
+    """A normal start/stop/step run: no "not closed cleanly" warning, planted overflows reported."""
+    import logging
+
+    from torchparity_backend_emulated import Fault, emulate
+
+    write_config(in_tmp / "config.json", task="overflow_check", section={"overflow_nums": -1})
+    caplog.set_level(logging.WARNING, logger="torchparity")
+    with emulate(dtype=None, faults=[Fault(op="silu", call=0, kind="inf", index=0, step=None)]):
+        seed_training_loop("./config.json", "./npu_dump", iterations=2)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "footer" in m or "not closed cleanly" in m], messages
+    report = json.loads(Path("npu_dump/overflow.json").read_text())
+    assert [o["step"] for o in report["overflows"]] == [0, 1]
+    first = report["overflows"][0]
+    assert first["module"] == "layers.0.mlp" and "silu" in first["name"]
+    assert sum("[msprobe overflow]" in m for m in messages) == 2

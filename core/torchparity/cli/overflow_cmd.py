@@ -112,7 +112,9 @@ def analyse(dump: str | Path, step: int | None = None, rank: int | None = None, 
         raise UsageError(f"dump {path} does not exist; pass the directory written by torchparity run / torchparity.dump")
     if checker is None:
         raise UsageError("no overflow checker given")
-    frame = load_dump(path)
+    # only the selected units are read: an open step of a running dump (no footer yet) that
+    # was not asked for must not be read, nor warned about as damaged
+    frame = load_dump(path, step=step, rank=rank)
     if not isinstance(frame, pd.DataFrame):
         raise DumpError(f"could not read {path} as a dump")
     warnings = list(frame.attrs.get("warnings", []) or [])

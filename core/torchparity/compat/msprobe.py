@@ -24,7 +24,13 @@ What each ``config.json`` key does here:
   names; ``"distributed"`` = collectives only), ``data_mode``, ``summary_mode`` (``md5``):
   the dump filters (:func:`torchparity.dump.options.from_msprobe`); ``"list": ["distributed"]``
   records only ``torch.distributed`` APIs and c10d collectives;
-* ``dump_path`` argument: overrides the file's ``dump_path``.
+* ``dump_path`` argument: overrides the file's ``dump_path``;
+* ``task: grad_probe`` (seed 004): ``debugger.monitor(model)`` records the gradients at every
+  optimizer step with :class:`~torchparity.gradients.GradMonitor` in msprobe's layout
+  (``grad_level``, ``param_list``, ``bounds``, ``rank``, ``step``: :mod:`.msprobe_grad`);
+  :class:`GradComparator` compares two such dumps.
+
+Steps advance only on ``debugger.step()`` (not on ``optimizer.step()``, unlike a native dump).
 
 Dumps are torchparity dumps (``DUMP/step{S}/rank{R}/records.jsonl``); :func:`compare` accepts
 those and msprobe dumps (``dump.json``) on either side.
@@ -32,19 +38,22 @@ those and msprobe dumps (``dump.json``) on either side.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import weakref
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import UsageError
+from .msprobe_grad import GradComparator
 
 log = logging.getLogger("torchparity")
 
-__all__ = ["PrecisionDebugger", "compare", "compare_distributed", "graph"]
+__all__ = ["PrecisionDebugger", "GradComparator", "compare", "compare_distributed", "graph"]
 
 #: msprobe's communication API names (seed 001, "通信类API支持列表") and the aten names they reach.
 DISTRIBUTED_OPS = ("send", "recv", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "isend", "irecv",
@@ -83,6 +92,19 @@ class PrecisionDebugger:
             cfg["dump_path"] = str(dump_path)
         self.config = cfg
         self.task = cfg.get("task", "statistics")
+        self.model = model
+        self._dumper: Any = None
+        self._grad_monitor: Any = None
+        self.overflows: list[dict[str, Any]] = []
+        if self.task == "grad_probe":  # seed 004: monitor(model), a GradMonitor (msprobe_grad.py)
+            from .msprobe_grad import grad_probe_settings
+
+            self.grad_settings = grad_probe_settings(cfg, str(config_path or "PrecisionDebugger"))
+            self.dump_path = self.grad_settings["output_dir"]
+            self.options: dict[str, Any] = {}
+            self.overflow_nums = 0
+            self._apply_seed(cfg)
+            return
         section = cfg.get(self.task) or {}
         lst = [str(x) for x in section.get("list") or []]
         if "distributed" in lst:
@@ -98,9 +120,9 @@ class PrecisionDebugger:
         self.overflow_nums = int((cfg.get("overflow_check") or {}).get("overflow_nums", 1))
         self.dump_path = opts["path"]
         self.options = opts
-        self.model = model
-        self.overflows: list[dict[str, Any]] = []
-        self._dumper: Any = None
+        self._apply_seed(cfg)
+
+    def _apply_seed(self, cfg: dict[str, Any]) -> None:
         if cfg.get("seed") is not None:
             _seed_everything(int(cfg["seed"]))
         if cfg.get("is_deterministic"):
@@ -109,56 +131,95 @@ class PrecisionDebugger:
             torch.use_deterministic_algorithms(True, warn_only=True)
 
     # ---- msprobe API --------------------------------------------------------------------------
+    def monitor(self, model: Any) -> None:
+        """``task: grad_probe``: record ``model``'s gradients at every optimizer step (seed 004)."""
+        if self.task != "grad_probe":
+            raise UsageError(f"PrecisionDebugger.monitor is for task grad_probe; this config's task is {self.task!r}")
+        from .msprobe_grad import start_grad_probe
+
+        if self._grad_monitor is not None:
+            self._grad_monitor.stop()
+        self._grad_monitor = start_grad_probe(model, self.grad_settings)
+        if self._grad_monitor is not None:
+            _OPEN.add(self)
+
     def start(self, model: Any = None) -> None:
         """Start (or resume) dumping."""
-        import torchparity
-
+        if self.task == "grad_probe":
+            return  # the gradient probe runs from monitor(model) on; steps are optimizer steps
         if self._dumper is None:
-            self._dumper = torchparity.dump(model=model or self.model, **self.options)
+            self._dumper = _msprobe_dumper(model or self.model, self.options)
+            _OPEN.add(self)
         if self._dumper.session is None:
             self._dumper.start()
         else:
             self._resume()
 
     def stop(self) -> None:
-        """Pause dumping (``start()`` resumes into the same step)."""
+        """Pause dumping (``start()`` resumes into the same step); ``grad_probe``: end monitoring."""
+        if self._grad_monitor is not None:
+            self.close()
         if self._dumper is not None and self._dumper.session is not None:
             self._dumper._finish_step_records()  # backward records of the api/module levels
             self._dumper.session.enabled_step = False
             self._dumper.flush()
-            self._check_overflow()
 
     def step(self) -> None:
-        """End the step: what follows is written under the next ``step{S}`` directory."""
+        """End the step: what follows is written under the next ``step{S}`` directory.
+
+        The only thing that advances the step (``optimizer.step()`` does not, unlike a native
+        ``torchparity.dump``): the seed's loop ``start / forward / backward / optimizer.step() /
+        stop / step`` writes ``step0``, ``step1``, ``step2``."""
         if self._dumper is None or self._dumper.session is None:
             return
         was = self._dumper.session.enabled_step
+        closed = self._dumper.session.step
         self._dumper.step()
-        self._check_overflow()
+        self._dumper.flush()  # the closed step's files and footer are on disk
+        self._check_overflow([closed])
         if not was:
             self._dumper.session.enabled_step = False
 
     def close(self) -> None:
         """Finish the dump (also done at interpreter exit)."""
+        _OPEN.discard(self)
+        if self._grad_monitor is not None:
+            self._grad_monitor.stop()
+            self._grad_monitor = None
         if self._dumper is not None:
+            last = self._dumper.session.step if self._dumper.session is not None else None
             self._dumper.stop()
-            self._check_overflow()
+            if last is not None:
+                self._check_overflow([last])
 
     def _resume(self) -> None:
         s = self._dumper.session
         s.enabled_step = s._step_enabled()
 
     # ---- overflow_check -------------------------------------------------------------------------
-    def _check_overflow(self) -> None:
+    def _check_overflow(self, steps: list[int]) -> None:
+        """Scan the given *closed* steps (their footers are written) for overflowing ops.
+
+        Only closed steps are read: the step still being recorded has no ``footer.json`` yet, and
+        reading it would report the dump as damaged ("not closed cleanly") after a normal stop."""
         if self.task != "overflow_check" or self._dumper is None:
             return
         from ..cli.overflow_cmd import analyse
         from ..plugins import get_registry
 
-        self._dumper.flush()
-        if not Path(self.dump_path).exists():
-            return
-        report = analyse(self.dump_path, checker=get_registry().get("checker", "overflow"))
+        root = Path(self.dump_path)
+        rank = self._dumper.session._rank if self._dumper.session is not None else None
+        for s in steps:
+            if not any((root / f"step{s}").glob("rank*/footer.json")):
+                continue  # nothing recorded in that step (filtered out, or paused throughout)
+            report = analyse(root, step=s, rank=rank, checker=get_registry().get("checker", "overflow"))
+            self._note_overflows(report)
+        root.mkdir(parents=True, exist_ok=True)
+        Path(root, "overflow.json").write_text(
+            json.dumps({"overflow_nums": self.overflow_nums, "overflows": self.overflows}, indent=2) + "\n",
+            encoding="utf-8")
+
+    def _note_overflows(self, report: dict[str, Any]) -> None:
         ids = {(o["step"], o["rank"], o["record_id"]) for o in self.overflows}
         for f in report["first_critical"]:
             if (f["step"], f["rank"], f["record_id"]) not in ids:
@@ -168,9 +229,36 @@ class PrecisionDebugger:
         if self.overflow_nums != -1 and len(self.overflows) >= self.overflow_nums and self._dumper.session is not None:
             self._dumper.session.options.steps = []  # msprobe stops dumping after overflow_nums overflows
             self._dumper.session.enabled_step = False
-        Path(self.dump_path, "overflow.json").write_text(
-            json.dumps({"overflow_nums": self.overflow_nums, "overflows": self.overflows}, indent=2) + "\n",
-            encoding="utf-8")
+
+
+#: debuggers started and not closed: closed at interpreter exit (before the dumps they hold), so
+#: the last step is scanned and ``overflow.json`` written even without ``close()``
+_OPEN: "weakref.WeakSet[PrecisionDebugger]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_debuggers() -> None:
+    for d in list(_OPEN):
+        try:
+            d.close()
+        except Exception as exc:  # pragma: no cover - never fail the interpreter's exit
+            log.error("msprobe façade: closing the dump at exit failed: %s", exc)
+
+
+def _msprobe_dumper(model: Any, options: dict[str, Any]) -> Any:
+    """A :class:`~torchparity.dump.api.Dumper` whose steps advance only on ``debugger.step()``.
+
+    A native dump also ends the step on ``optimizer.step()``; msprobe counts steps by
+    ``debugger.step()`` alone, and doing both numbered the seed's loop step0, step2, step4."""
+    from ..dump.api import Dumper, dump
+
+    class _MsprobeDumper(Dumper):
+        def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+            if self.session is not None:
+                self.session.in_optimizer = False  # the optimizer's ops are over; no step change
+
+    plain = dump(**options)  # validates the options as the native API does
+    return _MsprobeDumper(plain.options, model=model)
 
 
 def _seed_everything(seed: int) -> None:

@@ -63,3 +63,63 @@ def summarize(grad: torch.Tensor, signs: torch.Tensor, k: int) -> torch.Tensor:
         gz = torch.nn.functional.pad(gz, (0, pad))
     sketch = (gz.view(nb, k) * signs.to(device=g.device, dtype=work).view(nb, 1)).sum(0)
     return torch.cat([stats, sketch])
+
+
+#: gradient levels (msprobe's ``grad_level``): what is recorded besides the statistics and sketch
+LEVELS = ("L0", "L1", "L2")
+#: msprobe's default value-distribution bounds
+DEFAULT_BOUNDS = (-1.0, 0.0, 1.0)
+
+
+def check_bounds(bounds: object, where: str = "bounds") -> list[float]:
+    """``bounds`` as a list of floats, strictly increasing, finite and within int64's range."""
+    import math
+
+    if not isinstance(bounds, (list, tuple)) or not bounds:
+        raise ValueError(f"{where} must be a non-empty list of numbers in increasing order, e.g. [-1, 0, 1]")
+    out: list[float] = []
+    for b in bounds:
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or abs(b) > 2 ** 63 - 1:
+            raise ValueError(f"{where}: {b!r} is not a finite number within int64's range")
+        out.append(float(b))
+    if any(a >= b for a, b in zip(out, out[1:])):
+        raise ValueError(f"{where} must be strictly increasing (got {list(bounds)})")
+    return out
+
+
+def interval_names(bounds: list[float]) -> list[str]:
+    """msprobe's column names of the value distribution: ``(-inf, b0]``, ``(b0, b1]``, ..., ``(bn, inf)``."""
+    fmt = [f"{b:g}" for b in bounds]
+    names = [f"(-inf, {fmt[0]}]"]
+    names += [f"({a}, {b}]" for a, b in zip(fmt, fmt[1:])]
+    names.append(f"({fmt[-1]}, inf)")
+    return names
+
+
+@torch.no_grad()
+def distribution(grad: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """Fraction of the elements in each interval ``(-inf, b0], (b0, b1], ..., (bn, inf)``
+    (``len(bounds) + 1`` numbers, on the gradient's device; NaN elements are in none)."""
+    g = grad.detach()
+    if g.is_sparse:
+        g = g.to_dense()
+    g = g.reshape(-1)
+    work = torch.float64 if g.dtype == torch.float64 else torch.float32
+    g = g.to(work)
+    nb = bounds.numel() + 1
+    if g.numel() == 0:
+        return torch.zeros(nb, dtype=work, device=g.device)
+    idx = torch.bucketize(g, bounds.to(device=g.device, dtype=work), right=False)  # b[i-1] < x <= b[i]
+    idx = torch.where(torch.isnan(g), torch.full_like(idx, nb), idx)
+    return torch.bincount(idx, minlength=nb + 1)[:nb].to(work) / g.numel()
+
+
+def md5_of(grad: torch.Tensor) -> str:
+    """MD5 of the gradient's bytes (row-major, its own dtype): equal MD5 = bitwise equal gradient."""
+    import hashlib
+
+    t = grad.detach()
+    if t.is_sparse:
+        t = t.to_dense()
+    t = t.reshape(-1).contiguous().cpu()
+    return hashlib.md5(t.view(torch.uint8).numpy().tobytes()).hexdigest()

@@ -48,8 +48,11 @@ def write_header(root: Path, sketch_dim: int, seed: int, extra: dict[str, Any] |
 
 
 def write_step(root: Path, rank: int, step: int, names: list[str], shapes: list[list[int]], dtypes: list[str],
-               stats: Any, sketch: Any, param_stats: Any = None, param_sketch: Any = None) -> Path:
-    """Write one step atomically (``stats``/``sketch`` are CPU tensors)."""
+               stats: Any, sketch: Any, param_stats: Any = None, param_sketch: Any = None, *,
+               dist: Any = None, md5: list[str] | None = None) -> Path:
+    """Write one step atomically (``stats``/``sketch`` are CPU tensors). ``dist`` (level L2): the
+    value distribution over the run's bounds, one row per parameter; ``md5`` (level L0): the MD5
+    of each gradient."""
     from safetensors.torch import save_file
 
     path = step_path(root, rank, step)
@@ -60,6 +63,10 @@ def write_step(root: Path, rank: int, step: int, names: list[str], shapes: list[
     tensors = {"stats": stats.contiguous(), "sketch": sketch.contiguous()}
     if param_stats is not None and param_sketch is not None:
         tensors.update(param_stats=param_stats.contiguous(), param_sketch=param_sketch.contiguous())
+    if dist is not None:
+        tensors["dist"] = dist.contiguous()
+    if md5 is not None:
+        meta["md5"] = json.dumps(md5)
     save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, path)
     return path
@@ -75,6 +82,8 @@ class StepData:
     sketch: Any  # numpy (P, k)
     param_stats: Any = None  # numpy (P, len(STATS)) or None
     param_sketch: Any = None  # numpy (P, k) or None
+    dist: Any = None  # numpy (P, len(bounds) + 1) value distribution (level L2) or None
+    md5: list[str] | None = None  # MD5 per gradient (level L0) or None
 
 
 @dataclass
@@ -104,15 +113,23 @@ class GradRun:
                 keys = set(f.keys())
                 pstats = f.get_tensor("param_stats") if "param_stats" in keys else None
                 psketch = f.get_tensor("param_sketch") if "param_sketch" in keys else None
+                dist = f.get_tensor("dist") if "dist" in keys else None
             params = json.loads(meta["params"])
             shapes = json.loads(meta.get("shapes", "[]"))
+            md5 = json.loads(meta["md5"]) if "md5" in meta else None
+            if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
+                raise ValueError("'params' is not a list of names")
+            if md5 is not None and (not isinstance(md5, list) or len(md5) != len(params)):
+                raise ValueError("'md5' is not one string per parameter")
         except Exception as exc:
             raise DumpError(f"{path}: unreadable gradient step file ({type(exc).__name__}: {exc}); "
                             "delete it or record the run again") from None
         if stats.shape != (len(params), len(STATS)) or sketch.shape[0] != len(params):
             raise DumpError(f"{path}: inconsistent gradient step file (stats {stats.shape}, sketch {sketch.shape}, "
                             f"{len(params)} parameters)")
-        return StepData(step, rank, params, shapes, stats, sketch, pstats, psketch)
+        if dist is not None and dist.shape[0] != len(params):
+            raise DumpError(f"{path}: inconsistent gradient step file (dist {dist.shape}, {len(params)} parameters)")
+        return StepData(step, rank, params, shapes, stats, sketch, pstats, psketch, dist, md5)
 
 
 def load_run(path: str | os.PathLike[str]) -> GradRun:
