@@ -11,7 +11,7 @@ const els={};
 const byId=(id)=>{if(id==='graph-data')return {textContent:data};if(!els[id]){els[id]=mk('div');els[id].id=id;}return els[id];};
 byId('filter').value='all';byId('colour').value='index';
 global.document={getElementById:byId,createElement:mk,createTextNode:(t)=>Object.assign(mk('#text'),{textContent:String(t)})};
-eval(js+';global.__N=N;global.__G=G;');
+eval(js+';global.__N=N;global.__G=G;global.__select=select;');
 const count=(e)=>1+e.children.reduce((a,c)=>a+count(c),0);
 const texts=(e)=>[e.textContent].concat(...e.children.map(texts));
 const find=(e,pred)=>pred(e)?e:e.children.reduce((a,c)=>a||find(c,pred),null);
@@ -25,7 +25,7 @@ els.filter.value="all";els.filter.onchange();
 els.gorc.onclick();out.details=count(els.info);
 if(process.argv[3]==='match'){
  const [dev,bench]=[process.argv[4],process.argv[5]];
- for(const id of [dev,bench]){select(id);const b=find(els.info,(e)=>e.id==='pickbtn');if(!b)throw new Error('no pick button for '+id);b.onclick();}
+ for(const id of [dev,bench]){__select(id);const b=find(els.info,(e)=>e.id==='pickbtn');if(!b)throw new Error('no pick button for '+id);b.onclick();}
  out.picked=els.picked.textContent;out.can_match=!els.domatch.disabled;
  els.domatch.onclick();
  out.node=__N[dev];out.bench_gone=!(bench in __N);out.root_unmatched=__N[__G.root].n_unmatched;
