@@ -3,44 +3,29 @@ structure differences, the self-contained HTML and the CLI's exit codes."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-import torchparity
-from torchparity.cli import cli
 from torchparity.graph import build_graph, compare_graphs, render_html, write_html
-from torchparity.toymodels import TinyConfig, make_batches, make_model, train
+from torchparity.toymodels import make_model
 
-SMALL = TinyConfig(vocab=64, dim=32, layers=2, heads=4, hidden=64, seq=8, batch=2)
+_spec = importlib.util.spec_from_file_location("graph_helpers", Path(__file__).with_name("helpers.py"))
+_helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_helpers)
+SMALL, run_cli = _helpers.SMALL, _helpers.run_cli
+
 FAULT_MODULE = "layers.1.mlp.down_proj"
 
 
-def _dump(path: Path, fault: bool | str = False, extra_clone_in: str | None = None) -> Path:
-    from torchparity_backend_emulated import Fault, emulate
-
-    model = make_model(0, SMALL)
-    batches = make_batches(1, cfg=SMALL)
-    handle = None
-    if extra_clone_in is not None:  # an extra (exact) op on this side only
-        handle = model.get_submodule(extra_clone_in).register_forward_hook(lambda m, i, o: o.clone())
-    faults = [Fault(op="aten.mm", module=FAULT_MODULE, phase="forward", step=0, kind="nan" if fault == "nan" else "scale", factor=1.5)] if fault else []
-    with emulate(dtype=None, faults=faults) as dev:
-        with torchparity.dump(str(path), level="mix", mode="statistics", model=model, fsync=False):
-            train(model, batches)
-    if handle is not None:
-        handle.remove()
-    assert not fault or dev.injections, "the planted fault never fired"
-    return path
-
-
 @pytest.fixture(scope="module")
-def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("graph_dumps")
-    return {"bench": _dump(root / "bench"), "dev": _dump(root / "dev", fault=True),
-            "extra": _dump(root / "extra", extra_clone_in="layers.0.mlp"), "nan": _dump(root / "nan", fault="nan")}
+def dumps(graph_dump: Callable[..., Path]) -> dict[str, Path]:
+    return {"bench": graph_dump("bench"), "dev": graph_dump("dev", fault=True),
+            "extra": graph_dump("clone", extra_clone_in="layers.0.mlp"), "nan": graph_dump("nan", fault="nan")}
 
 
 def test_single_dump_overflow_marks(dumps: dict[str, Path]) -> None:
@@ -128,16 +113,7 @@ def test_html_is_self_contained_and_escaped(dumps: dict[str, Path], tmp_path: Pa
     assert (tmp_path / "g.html").read_text(encoding="utf-8") == page
 
 
-def _run(args: list[str]) -> tuple[int, str]:
-    from click.testing import CliRunner
-
-    res = CliRunner().invoke(cli, args, standalone_mode=False, catch_exceptions=True)
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        from torchparity.errors import TorchparityError
-
-        assert isinstance(res.exception, TorchparityError), repr(res.exception)
-        return res.exception.exit_code, str(res.exception)
-    return (res.return_value if isinstance(res.return_value, int) else 0), res.output
+_run = run_cli
 
 
 def test_cli_compare_build_and_json(dumps: dict[str, Path], tmp_path: Path) -> None:

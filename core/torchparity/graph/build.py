@@ -21,9 +21,12 @@ def module_id(path: str) -> str:
 
 
 def _clean(v: Any) -> Any:
+    """A frame cell as a plain value: missing (None, NaN, pandas' NA) -> None, tuples -> lists."""
     if v is None:
         return None
     if isinstance(v, float) and math.isnan(v):
+        return None
+    if type(v).__name__ in ("NAType", "NaTType"):  # pandas.NA / NaT: missing in nullable columns
         return None
     if isinstance(v, tuple):
         return list(v)
@@ -125,7 +128,7 @@ def build_from_frame(frame: Any, modules: list[dict[str, Any]], stacks: dict[int
             rec = records[rid] = {k: row.get(k) for k in ("name", "op", "level", "phase", "module", "module_class",
                                                          "call_index", "stack")}
             rec["tensors"] = []
-        if row.get("io") is not None and not (isinstance(row.get("io"), float)):
+        if isinstance(_clean(row.get("io")), str):
             rec["tensors"].append(_tensor_summary(row))
     for rid in sorted(records):
         rec = records[rid]

@@ -26,6 +26,11 @@ def write_json(graph: Graph, path: str | os.PathLike[str]) -> Path:
     return p
 
 
+_KEEP = ("children", "side", "status", "verdict")
+#: numbers whose 0 means something (lightest band, no error) and must not be dropped as empty
+_KEEP_ZERO = ("band", "precision_index", "worst_index", "error", "worst_error")
+
+
 def _compact(data: dict) -> dict:
     """Smaller page data: empty fields dropped, call stacks stored once (nodes keep an index)."""
     stacks: dict[tuple[str, ...], int] = {}
@@ -35,7 +40,8 @@ def _compact(data: dict) -> dict:
 
     nodes = {}
     for k, n in data["nodes"].items():
-        c = {f: v for f, v in n.items() if f in ("children", "side", "status", "verdict") or v not in (None, "", [], 0, False)}
+        c = {f: v for f, v in n.items() if f in _KEEP or v not in (None, "", [], 0, False)
+             or (f in _KEEP_ZERO and v is not None)}
         if n.get("stack"):
             c["stack"] = stack_ref(n["stack"])
         for call in c.get("calls", []):
@@ -80,7 +86,8 @@ main{flex:1;display:flex;min-height:0}
 .kids{margin-left:16px}
 table{border-collapse:collapse;margin:4px 0 10px}td,th{border:1px solid #ddd;padding:2px 5px;text-align:left;font-size:12px;vertical-align:top}
 th{background:#f2f2f2}#results{max-height:160px;overflow:auto;font-size:12px}
-.legend span{margin-right:8px}pre{white-space:pre-wrap;font-size:11px;background:#f7f7f7;padding:4px}
+.legend span{margin-right:8px}#matchbar{display:inline-flex;gap:4px;align-items:center}
+.manual{font-style:italic}textarea{width:100%;height:90px;font-size:11px}pre{white-space:pre-wrap;font-size:11px;background:#f7f7f7;padding:4px}
 </style></head><body>
 <header><h1>torchparity graph</h1><span id="title" class="muted"></span>
 <input id="q" type="search" placeholder="search node name" size="28">
@@ -90,9 +97,11 @@ th{background:#f2f2f2}#results{max-height:160px;overflow:auto;font-size:12px}
 <select id="phase"><option value="">all phases</option><option>forward</option><option>backward</option>
 <option>optimizer</option><option>recompute</option></select>
 <button id="gorc">go to root cause</button><button id="collapse">collapse all</button>
-<span class="legend"><span><i class="sw s-pass"></i>pass</span><span><i class="sw s-warning"></i>warning</span>
-<span><i class="sw s-error"></i>error</span><span><i class="sw s-overflow"></i>overflow</span>
-<span><i class="sw s-unmatched"></i>unmatched</span><span><i class="sw s-none"></i>not judged</span></span>
+<label>colour by <select id="colour"><option value="index">error size (precision index)</option>
+<option value="verdict">verdict</option></select></label>
+<span id="legend" class="legend"></span>
+<span id="matchbar"><span id="picked" class="muted"></span><button id="domatch" disabled>match</button>
+<button id="export">export matches</button></span>
 </header>
 <main><div id="tree"></div><div id="details"><div id="results"></div><div id="info"></div></div></main>
 <script type="application/json" id="graph-data">/*DATA*/</script>
@@ -105,6 +114,28 @@ const $ = (id) => document.getElementById(id);
 function el(tag, text, cls) { const e = document.createElement(tag); if (text !== undefined && text !== null) e.textContent = String(text); if (cls) e.className = cls; return e; }
 function fmt(v) { if (v === null || v === undefined) return ""; if (typeof v === "number") return Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : String(+v.toPrecision(6)); if (Array.isArray(v)) return "[" + v.map(fmt).join(", ") + "]"; if (typeof v === "object") return JSON.stringify(v); return String(v); }
 const RANK = {none: 0, pass: 1, warning: 2, error: 3, overflow: 4};
+const LEG = (G.legend || []).filter((b) => /^#[0-9A-Fa-f]{6}$/.test(b.colour));
+const BOUNDS = LEG.slice(0, -1).map((b) => b.high);
+const VERDICTS = [["pass", "pass"], ["warning", "warning"], ["error", "error"], ["overflow", "overflow"], ["unmatched", "unmatched"], ["none", "not judged"]];
+const MATCHES = {modules: Object.assign({}, (G.matches || {}).modules || {}), records: Object.assign({}, (G.matches || {}).records || {})};
+const pick = {device: null, bench: null};
+function bandOf(x) { if (x === null || x === undefined || typeof x !== "number") return null; return BOUNDS.filter((b) => x >= b).length; }
+function swatch(n) {
+  const i = el("i", null, "sw");
+  if ($("colour").value === "verdict" || G.mode !== "compare") { i.className = "sw s-" + n.status; return i; }
+  if (n.status === "unmatched") i.className = "sw s-unmatched";
+  else if (n.band === null || n.band === undefined || !LEG[n.band]) i.className = "sw s-none";
+  else { i.style.background = LEG[n.band].colour; i.dataset.band = String(n.band); }
+  return i;
+}
+function legendRender() {
+  const L = $("legend"); L.replaceChildren();
+  const item = (cls, colour, text) => { const s = el("span"), i = el("i", null, "sw " + cls); if (colour) i.style.background = colour; s.appendChild(i); s.appendChild(document.createTextNode(text)); L.appendChild(s); };
+  if ($("colour").value === "verdict" || G.mode !== "compare") { for (const [k, t] of VERDICTS) item("s-" + k, null, t); return; }
+  L.appendChild(el("span", "precision index:", "muted"));
+  LEG.forEach((b, k) => item("", b.colour, fmt(b.low) + (k === LEG.length - 1 ? "–" + fmt(b.high) : "–<" + fmt(b.high))));
+  item("s-unmatched", null, "unmatched"); item("s-none", null, "not compared");
+}
 function own(n, f, ph) {
   if (ph && n.kind === "op" && n.phase !== ph) return false;
   if (ph && n.kind === "module") return false;
@@ -125,14 +156,16 @@ function computeVisible() {
 }
 function label(n) {
   const r = el("span");
-  r.appendChild(el("i", null, "sw s-" + n.status));
-  r.appendChild(el("span", n.name, n.root_cause ? "rc" : ""));
+  r.appendChild(swatch(n));
+  r.appendChild(el("span", n.name, (n.root_cause ? "rc" : "") + (n.manual ? " manual" : "")));
   const extra = [];
   if (n.kind === "module" && n.module_class) extra.push(n.module_class);
   if (n.kind === "op") extra.push(n.phase || "");
   if (n.side !== "both" && G.mode === "compare") extra.push(n.side + " only");
   if (n.overflow) extra.push("overflow " + n.overflow);
   if (n.worst_error !== null && n.worst_error !== undefined) extra.push("err " + fmt(n.worst_error));
+  if (n.worst_index !== null && n.worst_index !== undefined) extra.push("index " + fmt(n.worst_index));
+  if (n.manual) extra.push("matched by hand");
   if (n.root_cause) extra.push("ROOT CAUSE");
   r.appendChild(el("span", "  " + extra.join(" · "), "muted"));
   return r;
@@ -163,10 +196,14 @@ function showDetails(id) {
   const t = el("table");
   kv(t, "kind", n.kind); kv(t, "status", n.status); kv(t, "own verdict", n.verdict); kv(t, "op", n.op); kv(t, "module", n.module || "(top level)");
   kv(t, "module class", n.module_class); kv(t, "phase", n.phase); kv(t, "level", n.level); kv(t, "present", n.side === "both" ? "both sides" : n.side + " only");
-  kv(t, "bench record", n.bench_name); kv(t, "error", n.error); kv(t, "worst error below", n.worst_error); kv(t, "amplification", n.amplification);
+  kv(t, "bench record", n.bench_name); kv(t, "precision index", n.precision_index); kv(t, "worst index below", n.worst_index); kv(t, "error", n.error); kv(t, "worst error below", n.worst_error); kv(t, "amplification", n.amplification);
   kv(t, "overflow", n.overflow); kv(t, "reason", n.reason); kv(t, "errors / warnings / unmatched below", (n.n_error || 0) + " / " + (n.n_warning || 0) + " / " + (n.n_unmatched || 0));
   if (n.root_cause) kv(t, "root cause", "yes: this op introduced the divergence");
   d.appendChild(t);
+  if (G.mode === "compare" && n.side !== "both" && (n.kind === "op" || n.module)) {
+    const b = el("button", "pick as " + n.side + " node for a manual match"); b.id = "pickbtn";
+    b.onclick = () => { pick[n.side] = id; pickRender(); }; d.appendChild(b);
+  }
   const tens = (label, rows) => { if (rows && rows.length) { d.appendChild(el("h4", label)); d.appendChild(table(rows, usedCols(rows, TCOLS))); } };
   tens(G.mode === "compare" ? "device tensors" : "tensors", n.tensors);
   tens("bench tensors", n.bench_tensors);
@@ -185,6 +222,80 @@ function search() {
   box.appendChild(el("div", hits.length + " match(es)" + (hits.length > 200 ? ", first 200 shown" : ""), "muted"));
   for (const k of hits.slice(0, 200)) { const r = el("div", null, "row"); r.appendChild(label(N[k])); r.onclick = () => reveal(k); box.appendChild(r); }
 }
+function pickRender() {
+  const name = (k) => (pick[k] ? N[pick[k]].name : "–");
+  $("picked").textContent = "device: " + name("device") + " · bench: " + name("bench");
+  const d = pick.device && N[pick.device], b = pick.bench && N[pick.bench];
+  $("domatch").disabled = !(d && b && (d.kind === "op") === (b.kind === "op"));
+}
+function num(v) { if (v === "Infinity") return Infinity; if (v === "-Infinity") return -Infinity; return typeof v === "number" ? v : NaN; }
+function rel(diff, ref) { const ad = Math.abs(diff), ar = Math.abs(ref); if (isNaN(diff) || isNaN(ref)) return NaN; return ar > 0 ? ad / ar : (ad > 0 ? Infinity : 0); }
+function numel(s) { return Array.isArray(s) && s.every((x) => Number.isInteger(x)) ? s.reduce((a, x) => a * x, 1) : NaN; }
+/* statistics of two hand-matched records, tensors paired by (io, arg): the same formulas as
+   compare.metrics.stat_metrics for finite statistics; no verdict */
+function manualMetrics(dev, bench) {
+  const rows = [], bm = {};
+  for (const t of bench || []) bm[t.io + "." + t.arg] = t;
+  for (const t of dev || []) {
+    const b = bm[t.io + "." + t.arg]; if (!b) continue;
+    const r = {tensor: t.io + "." + t.arg, io: t.io, match: "manual", verdict: "none", device_dtype: t.dtype, bench_dtype: b.dtype, device_shape: t.shape, bench_shape: b.shape};
+    const dd = {}, bb = {};
+    for (const s of ["max", "min", "mean", "norm"]) { dd[s] = num(t[s]); bb[s] = num(b[s]); r[s + "_diff"] = dd[s] - bb[s]; r[s + "_rel_diff"] = rel(r[s + "_diff"], bb[s]); }
+    const fin = (s) => isFinite(dd[s]) && isFinite(bb[s]);
+    const fmax = (a, c) => (isNaN(a) ? c : isNaN(c) ? a : Math.max(a, c));
+    const scale = fmax(fin("max") ? Math.abs(bb.max) : NaN, fin("min") ? Math.abs(bb.min) : NaN);
+    const n = numel(t.shape), sq = Math.sqrt(isNaN(n) ? 1 : n);
+    const parts = [fin("norm") ? rel(r.norm_diff, Math.abs(bb.norm)) : NaN,
+      fin("mean") ? rel(Math.abs(r.mean_diff) * sq, fin("norm") ? Math.abs(bb.norm) : scale * sq) : NaN,
+      rel(fmax(fin("max") ? Math.abs(r.max_diff) : NaN, fin("min") ? Math.abs(r.min_diff) : NaN), scale)].filter((x) => !isNaN(x));
+    if (parts.length) r.error = Math.max(...parts);
+    for (const s of ["nan", "inf"]) if (t[s]) r["device_" + s] = t[s];
+    for (const k of Object.keys(r)) if (typeof r[k] === "number" && isNaN(r[k])) delete r[k];
+    rows.push(r);
+  }
+  return rows;
+}
+function indexOf(rows) {
+  const outs = rows.filter((r) => r.io === "output"); if (!outs.length) return null;
+  if (outs.some((r) => (r.device_nan || 0) > (r.bench_nan || 0) || (r.device_inf || 0) > (r.bench_inf || 0))) return 1;
+  const e = outs.map((r) => r.error).filter((x) => typeof x === "number"); if (!e.length) return null;
+  const w = Math.max(...e.map(Math.abs)); return w > 1 ? 1 : w;
+}
+function reaggregate(id) {
+  const n = N[id]; let w = (typeof n.precision_index === "number") ? n.precision_index : null, un = (n.side !== "both") ? 1 : 0;
+  for (const c of n.children) { const [cw, cu] = reaggregate(c); if (cw !== null && (w === null || cw > w)) w = cw; un += cu; }
+  n.worst_index = w; n.band = bandOf(w); n.n_unmatched = un;
+  if (n.side === "both" && n.status === "unmatched") n.status = n.worst || "none";
+  return [w, un];
+}
+function doMatch() {
+  const d = N[pick.device], b = N[pick.bench];
+  if (!d || !b) return;
+  if (d.kind === "op") {
+    MATCHES.records[d.name] = b.name;
+    d.metrics = manualMetrics(d.tensors, b.tensors); d.precision_index = indexOf(d.metrics);
+    d.bench_name = b.name; d.bench_tensors = b.tensors; d.manual = true; d.side = "both";
+    d.reason = "matched by hand: statistics compared, not judged";
+    const p = N[b.parent]; if (p) p.children = p.children.filter((c) => c !== pick.bench);
+    delete N[pick.bench];
+  } else {
+    MATCHES.modules[d.module] = b.module; d.manual = true;
+    d.reason = "matched by hand with " + b.module + ": export the matches and run torchparity graph --match-file to compare the records under it";
+  }
+  const did = pick.device; pick.device = pick.bench = null;
+  reaggregate(G.root); pickRender(); reveal(did);
+}
+function matchesText() { return JSON.stringify({format: "torchparity-matches", version: 1, step: G.step, rank: G.rank, modules: MATCHES.modules, records: MATCHES.records}, null, 1); }
+function exportMatches() {
+  const text = matchesText(), d = $("info");
+  d.appendChild(el("h4", "matches (save as matches.json, then: torchparity graph DUMP BENCH -o OUT --match-file matches.json)"));
+  const ta = el("textarea"); ta.id = "matchjson"; ta.readOnly = true; ta.value = text; ta.textContent = text; d.appendChild(ta);
+  try { const a = document.createElement("a"); a.href = URL.createObjectURL(new Blob([text], {type: "application/json"})); a.download = "matches.json"; if (a.click) a.click(); } catch (e) { /* no download API: copy from the text box */ }
+}
+$("domatch").onclick = doMatch; $("export").onclick = exportMatches;
+$("colour").onchange = () => { legendRender(); render(); };
+if (G.mode !== "compare") { $("colour").value = "verdict"; $("colour").disabled = true; $("matchbar").style.display = "none"; }
+legendRender(); pickRender();
 $("q").addEventListener("input", search);
 $("filter").onchange = render; $("phase").onchange = render;
 $("gorc").onclick = () => { if (G.root_cause) reveal(G.root_cause); else { $("info").replaceChildren(el("p", G.mode === "compare" ? "No root cause: the runs agree." : "Single-dump graph: no comparison, no root cause.")); } };

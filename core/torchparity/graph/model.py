@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .colours import DEFAULT_BANDS, band_of, legend
+
 #: node status, worst last; a module's colour is the worst status below it
 VERDICT_RANK = {"none": 0, "skip": 0, "pass": 1, "warning": 2, "error": 3, "overflow": 4}
 STATUSES = ("pass", "warning", "error", "overflow", "unmatched", "none")
@@ -56,6 +58,10 @@ class Node:
     n_overflow: int = 0
     root_cause: bool = False
     on_root_path: bool = False
+    precision_index: float | None = None  # own, in [0, 1] (see graph.colours); None: not compared
+    worst_index: float | None = None  # the largest precision index of the node and its descendants
+    band: int | None = None  # colour band of worst_index (0 = lightest); None: no index
+    manual: bool = False  # paired by a manual match (page or --match-file), not by compare
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +81,8 @@ class Graph:
     root_cause: str | None = None  # node id
     summary: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    bands: tuple[float, ...] = DEFAULT_BANDS  # upper bounds of the colour bands below 1
+    matches: dict[str, Any] = field(default_factory=dict)  # manual matches applied (match-file format)
 
     def node(self, key: str) -> Node:
         """A node by id, module path (``layers.0.mlp``) or record name (``Tensor.add.0.forward``)."""
@@ -100,6 +108,7 @@ class Graph:
             n.children.sort(key=lambda c: (self.nodes[c].order, c))
             worst = "overflow" if n.overflow in ("critical", "high") else n.verdict
             werr = _finite(n.error)
+            widx = n.precision_index
             n.n_error = int(n.verdict == "error")
             n.n_warning = int(n.verdict == "warning")
             n.n_unmatched = int(n.side != "both" and self.mode == "compare")
@@ -111,11 +120,15 @@ class Graph:
                 ce = _finite(ch.worst_error)
                 if ce is not None and (werr is None or ce > werr):
                     werr = ce
+                if ch.worst_index is not None and (widx is None or ch.worst_index > widx):
+                    widx = ch.worst_index
                 n.n_error += ch.n_error
                 n.n_warning += ch.n_warning
                 n.n_unmatched += ch.n_unmatched
                 n.n_overflow += ch.n_overflow
             n.worst_error = werr
+            n.worst_index = widx
+            n.band = band_of(widx, self.bands)
             n.worst = worst if worst != "skip" else "none"
             n.status = "unmatched" if (n.side != "both" and self.mode == "compare") else n.worst
 
@@ -131,6 +144,7 @@ class Graph:
             "format": "torchparity-graph", "version": 1, "mode": self.mode, "step": self.step, "rank": self.rank,
             "device_dump": self.device_dump, "bench_dump": self.bench_dump, "root": self.root,
             "root_cause": self.root_cause, "summary": self.summary, "warnings": self.warnings,
+            "legend": [b.to_dict() for b in legend(self.bands)], "matches": self.matches,
             "nodes": {k: v.to_dict() for k, v in self.nodes.items()},
         })
 
