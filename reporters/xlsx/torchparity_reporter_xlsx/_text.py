@@ -4,32 +4,19 @@ The rule (docs/reports.md): every text cell is written as a *string* cell, never
 string that a spreadsheet could take for a formula when it is edited, re-typed or pasted as CSV
 (first character ``=``, ``+``, ``-``, ``@``, a tab, a CR/LF, or their full-width forms) also gets
 the ``quotePrefix`` cell flag: Excel and LibreOffice show it as text and keep it text when the
-cell is edited. The value itself is unchanged (searching and filtering still find ``=foo``).
+cell is edited. The value itself is unchanged (searching and filtering still find ``=foo``). The rule
+lives in :mod:`torchparity.plugin_types` so that every writer of spreadsheets shares it.
 Characters XML cannot hold are removed and cells are cut at Excel's 32,767 characters.
 """
 
 from __future__ import annotations
 
-import re
+from torchparity.plugin_types import FORMULA_TRIGGERS, MAX_CELL_CHARS, cell_text, is_formula_like
 
-#: first characters that start a formula (or DDE payload) in Excel / LibreOffice / CSV import
-FORMULA_TRIGGERS = frozenset("=+-@\t\r\n\uff1d\uff0b\uff0d\uff20")
-#: Excel's limit on the characters of one cell
-MAX_CELL_CHARS = 32_767
+__all__ = ["FORMULA_TRIGGERS", "MAX_CELL_CHARS", "cell_text", "hyperlink_formula", "is_formula_like"]
+
 #: Excel's limit on a string literal inside a formula
 MAX_FORMULA_LITERAL = 255
-# the same set as openpyxl.cell.cell.ILLEGAL_CHARACTERS_RE (imported lazily there)
-_ILLEGAL = re.compile(r"[\000-\010]|[\013-\014]|[\016-\037]")
-
-
-def is_formula_like(text: str) -> bool:
-    """Whether a spreadsheet could read ``text`` as a formula (see the module docstring)."""
-    return text[:1] in FORMULA_TRIGGERS
-
-
-def cell_text(text: str) -> str:
-    """``text`` as a cell can hold it: illegal XML characters removed, cut at Excel's limit."""
-    return _ILLEGAL.sub("", text)[:MAX_CELL_CHARS]
 
 
 def hyperlink_formula(target: str, label: str) -> str:
