@@ -397,3 +397,15 @@ def test_stdout_log_has_each_error_once(capsys, caplog):
     out = capsys.readouterr().out
     assert out.count("[ERROR]") == 1 and "[torchparity:error]" not in out
     assert not [r for r in caplog.records if "[torchparity:" in r.getMessage()]
+
+
+@pytest.mark.parametrize("bad", ["/proc/x", "afile"])
+def test_unusable_output_dir_is_one_line_usage_error(tmp_path, monkeypatch, bad):
+    monkeypatch.chdir(tmp_path)
+    Path("afile").write_text("x")
+    for tool in (CompareWithCPU(should_log_to_file=True, output_dir=bad),
+                 NanInfTracker(should_log_to_file=True, output_dir=bad)):
+        with pytest.raises(UsageError) as e:
+            with tool:
+                pass
+        assert "\n" not in str(e.value) and "output_dir" in str(e.value)

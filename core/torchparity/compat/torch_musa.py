@@ -156,8 +156,14 @@ class _Out:
 
     def open(self) -> None:
         if self.path is not None and self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")
+            from ..plugin_types import prepare_output_dir
+
+            prepare_output_dir(self.path.parent, option="output_dir")  # one-line UsageError if unusable
+            try:
+                self._fh = open(self.path, "a", encoding="utf-8")
+            except OSError as exc:
+                raise UsageError(f"cannot open the log file {self.path} ({exc.strerror or exc}); "
+                                 "choose another output_dir") from None
 
     def close(self) -> None:
         if self._fh is not None:
