@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Mapping
 
-from .errors import PluginError
+from .errors import PluginError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -323,19 +324,114 @@ class Reporter(Configurable):
         raise PluginError(f"reporter {self.name} does not implement write()")
 
 
-def prepare_output_dir(output_dir: Any, reporter: str) -> Any:
-    """Create ``output_dir`` (and parents) for a reporter, or raise a :class:`PluginError` that
-    says why not (exists as a file, cannot be created, not writable). Returns it as a Path."""
+class OutputDirError(UsageError, PluginError):
+    """An output directory that cannot be used (a file, not creatable, not writable). A usage
+    error (the CLI prints one line and exits 2); also a :class:`PluginError` for callers that
+    catch what reporters raise."""
+
+
+def prepare_output_dir(output_dir: Any, reporter: str | None = None, option: str = "--output") -> Any:
+    """Create ``output_dir`` (and parents) for a reporter (or any writer named ``reporter``), or
+    raise an :class:`OutputDirError` that says why not in one line (exists as a file, cannot be
+    created: ``/proc/x``, a read-only file system, a name too long..., not writable) and what to
+    do. Returns it as a Path."""
     import os
     from pathlib import Path as _Path
 
-    out = _Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise PluginError(f"reporter '{reporter}': output path {out} exists and is not a directory; choose another --output")
+    who = f"reporter '{reporter}': output directory" if reporter else "output directory"
+    fix = f"choose another {option}"
     try:
+        out = _Path(output_dir)
+        if out.exists() and not out.is_dir():
+            raise OutputDirError(f"{who} {out} exists and is not a directory; {fix}")
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PluginError(f"reporter '{reporter}': cannot create output directory {out}: {exc.strerror or exc}") from None
+    except OutputDirError:
+        raise
+    except (OSError, ValueError, TypeError) as exc:  # ValueError: a NUL in the path
+        why = getattr(exc, "strerror", None) or str(exc)
+        shown = str(output_dir) if str(output_dir).isprintable() else ascii(str(output_dir))
+        raise OutputDirError(f"{who} {shown} cannot be created ({why}); {fix}") from None
     if not os.access(out, os.W_OK | os.X_OK):
-        raise PluginError(f"reporter '{reporter}': output directory {out} is not writable; choose another --output or fix its permissions")
+        raise OutputDirError(f"{who} {out} is not writable; {fix} or fix its permissions")
     return out
+
+
+def write_reports(result: CompareResult, reporters: Mapping[str, Reporter], names: Any, output_dir: Any
+                  ) -> tuple[dict[str, list[Path]], list[str]]:
+    """Run the reporters ``names`` on ``result`` into ``output_dir``; return ``(files written by
+    each reporter that succeeded, warnings)``.
+
+    An output directory that cannot be used raises :class:`OutputDirError` (one line, exit 2)
+    before any reporter runs. A reporter that fails on its own (disk full, a bug, a file it cannot
+    replace) costs only its own report: one warning line, and the other reporters still write.
+    """
+    import errno
+
+    out = prepare_output_dir(output_dir)
+    written: dict[str, list[Path]] = {}
+    warnings: list[str] = []
+    for n in names:
+        try:
+            written[n] = list(reporters[n].write(result, out) or [])
+        except OutputDirError:
+            raise
+        except (PluginError, OSError) as exc:
+            text = str(exc) if isinstance(exc, PluginError) else \
+                f"reporter '{n}': cannot write into {out} ({exc.strerror or exc})"
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in text:
+                text += "; free disk space and run it again"
+            warnings.append(f"{text}; the {n} report is missing, the other reports were written")
+        except Exception as exc:  # a reporter's bug must not cost the other reports
+            warnings.append(f"reporter '{n}' failed ({type(exc).__name__}: {exc}); the {n} report is missing, "
+                            f"the other reports were written")
+    return written, warnings
+
+
+# --------------------------------------------------------------------------------------------
+# Untrusted names in what reporters write
+# --------------------------------------------------------------------------------------------
+
+#: first characters that start a formula (or DDE payload) in Excel / LibreOffice / CSV import
+FORMULA_TRIGGERS = frozenset("=+-@\t\r\n\uff1d\uff0b\uff0d\uff20")
+#: Excel's limit on the characters of one cell
+MAX_CELL_CHARS = 32_767
+_ILLEGAL_XML = re.compile(r"[\000-\010]|[\013-\014]|[\016-\037]")
+_UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9_.\-]+")
+
+
+def is_formula_like(text: str) -> bool:
+    """Whether a spreadsheet could take ``text`` for a formula (``=``, ``+``, ``-``, ``@``, tab,
+    CR/LF or their full-width forms first)."""
+    return text[:1] in FORMULA_TRIGGERS
+
+
+def cell_text(text: str) -> str:
+    """``text`` as a spreadsheet cell can hold it: characters XML cannot hold removed, cut at
+    Excel's 32,767 characters."""
+    return _ILLEGAL_XML.sub("", text)[:MAX_CELL_CHARS]
+
+
+def set_text_cell(cell: Any, value: Any) -> Any:
+    """Put ``value`` into an openpyxl cell; a string is always a text cell (openpyxl would make
+    ``"=..."`` a formula), with ``quotePrefix`` when it is formula-like. Returns the cell."""
+    if isinstance(value, str):
+        cell.value = cell_text(value)
+        cell.data_type = "s"
+        if is_formula_like(cell.value):
+            cell.quotePrefix = True
+    else:
+        cell.value = value
+    return cell
+
+
+def safe_file_name(name: str, limit: int = 150) -> str:
+    """A file name made from an untrusted op/module/record name: only ``A-Za-z0-9_.-`` (``/``,
+    ``..``, NUL... become ``_``), no leading dot or dash, at most ``limit`` characters (a cut name
+    ends with a hash of the whole name, so two long names never share a file)."""
+    import hashlib
+
+    s = _UNSAFE_FILE_CHARS.sub("_", str(name)).lstrip(".-") or "_"
+    if len(s) > limit:
+        digest = hashlib.sha1(str(name).encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        s = s[: limit - 11] + "-" + digest
+    return s

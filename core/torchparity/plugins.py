@@ -196,6 +196,7 @@ def build_registry(
 
     _collect_components(reg, by_name)
     _apply_config(reg)
+    _check_names(reg, extra_names=[n for n, _ in extra_plugins])
     return reg
 
 
@@ -272,6 +273,55 @@ def _apply_config(reg: Registry) -> None:
 
     ordered = sorted(reg.components, key=order_key)
     reg.components[:] = ordered
+
+
+def _plural_list(names: Iterable[str]) -> str:
+    names = sorted(set(names))
+    return ", ".join(names) if names else "(none)"
+
+
+def _check_names(reg: Registry, extra_names: Iterable[str] = ()) -> None:
+    """Warn (one line each, in ``reg.problems``) about names in plugins.yaml that match nothing
+    installed: ``plugins.disable``/``plugins.enable`` entries, ``backends.reference``/``target``
+    and ``backends.options`` keys. Nothing is disabled or enabled because of these warnings; a
+    command that actually needs the named backend fails with its own error."""
+    cfg = reg.config
+    where = f"{cfg.path}" if cfg.path else "plugins.yaml"
+    plugin_names = {p.name for p in reg.plugins} | set(cfg.modules) | set(extra_names)
+    dists = {p.dist for p in reg.plugins if p.dist}
+    component_names = {c.name for c in reg.components}
+    values = {getattr(ep, "value", "") for ep in iter_entry_points()} if reg.plugins else set()
+    known = plugin_names | dists | component_names | values
+    for key, names in (("disable", cfg.disable), ("enable", cfg.enable)):
+        for name in names:
+            if name not in known:
+                reg.problems.append(
+                    f"{where}: plugins.{key} names '{name}', which no installed plugin or component has "
+                    f"(components: {_plural_list(component_names)}; plugins: {_plural_list(plugin_names)}); "
+                    f"fix the name or remove it"
+                )
+
+    backends = {c.name for c in reg.components if c.kind == "backend"}
+    # components of a plugin disabled in plugins.yaml were never loaded: do not call them unknown
+    # (built-in plugins are named torchparity_backend_<name>)
+    off = [p.name for p in reg.plugins if p.status != "loaded"]
+
+    def unknown_backend(name: str) -> bool:
+        return name not in backends and not any(p == name or p.endswith("_" + name) for p in off)
+
+    installed = f"installed backends: {_plural_list(backends)}"
+    for key, name in (("reference", cfg.reference_backend), ("target", cfg.target_backend)):
+        if name is not None and unknown_backend(str(name)):
+            reg.problems.append(
+                f"{where}: backends.{key} names backend '{name}', which is not installed ({installed}); "
+                f"commands that need the {key} backend will fail until you fix the name or install its plugin"
+            )
+    for name in cfg.backend_options:
+        if unknown_backend(name):
+            reg.problems.append(
+                f"{where}: backends.options has options for backend '{name}', which is not installed "
+                f"({installed}); they are ignored. Install its plugin or remove them"
+            )
 
 
 _CACHE: dict[Any, Registry] = {}

@@ -160,3 +160,60 @@ def test_fixture_package_matches_installed_copy():
     assert src == (FIXTURES / "site" / "torchparity_backend_foo" / "__init__.py").read_text()
     eps = (FIXTURES / "site" / "torchparity_backend_foo-0.1.dist-info" / "entry_points.txt").read_text()
     assert "torchparity_backend_foo = torchparity_backend_foo" in eps
+
+
+# ---------------------------------------------------------------------------------------- unknown names
+def _unknown(reg, what: str) -> list[str]:
+    return [p for p in reg.problems if what in p]
+
+
+def test_unknown_disable_name_is_warned_once_with_the_known_names():
+    reg = build_registry(parse_config({"plugins": {"disable": ["nosuch"]}}))
+    msgs = _unknown(reg, "'nosuch'")
+    assert len(msgs) == 1 and "plugins.disable" in msgs[0] and "\n" not in msgs[0]
+    assert "cpu" in msgs[0] and "torchparity_backend_cpu" in msgs[0] and "fix the name" in msgs[0]
+    assert {c.name for c in reg.components} >= {"cpu", "foo"}  # nothing else changed
+
+
+def test_unknown_enable_name_is_warned():
+    reg = build_registry(parse_config({"plugins": {"enable": ["cpu", "torchparity_backend_cpu", "nosuch2"]}}))
+    assert len(_unknown(reg, "plugins.enable names 'nosuch2'")) == 1
+    assert not _unknown(reg, "names 'cpu'")
+
+
+@pytest.mark.parametrize("name", ["foo", "torchparity_backend_foo", "torchparity-backend-foo"])
+def test_known_disable_names_are_not_warned(name):
+    # component name, entry-point name and distribution name are all valid
+    reg = build_registry(parse_config({"plugins": {"disable": [name]}}))
+    assert not _unknown(reg, "plugins.disable"), reg.problems
+
+
+def test_unknown_reference_and_target_backends_are_warned():
+    reg = build_registry(parse_config({"backends": {"reference": "nosuchbackend", "target": "nosuchtarget"}}))
+    ref = _unknown(reg, "backends.reference names backend 'nosuchbackend'")
+    tgt = _unknown(reg, "backends.target names backend 'nosuchtarget'")
+    assert len(ref) == 1 and len(tgt) == 1 and "installed backends: cpu" in ref[0]
+    assert not _unknown(build_registry(parse_config({"backends": {"reference": "cpu"}})), "backends.reference")
+
+
+def test_options_for_a_backend_that_is_not_installed_are_warned():
+    reg = build_registry(parse_config({"backends": {"options": {"zzz": {"a": 1}, "cpu": {"fp64": True}}}}))
+    msgs = _unknown(reg, "backends.options has options for backend")
+    assert len(msgs) == 1 and "'zzz'" in msgs[0] and "not installed" in msgs[0]
+    # a backend whose plugin is disabled is not "unknown": its options just wait
+    reg = build_registry(parse_config({"plugins": {"disable": ["torchparity_backend_foo"]},
+                                       "backends": {"options": {"foo": {"precision": "medium"}}}}))
+    assert not _unknown(reg, "backends.options"), reg.problems
+
+
+def test_unknown_names_reach_the_cli_as_warnings(tmp_path):
+    cfg = tmp_path / "plugins.yaml"
+    cfg.write_text("version: 1\nplugins:\n  disable: [nosuch]\nbackends:\n  reference: nosuchbackend\n")
+    # this checkout's sources (the subprocess must not run another installed copy)
+    env = _env(PYTHONPATH=os.environ.get("PYTHONPATH", str(ROOT / "core")))
+    p = _run(["-m", "torchparity", "--plugins", str(cfg), "plugins", "--json", "--no-probe"], env=env)
+    assert p.returncode == 0, p.stderr
+    problems = json.loads(p.stdout)["problems"]
+    assert any("plugins.disable names 'nosuch'" in m for m in problems)
+    assert any("backends.reference names backend 'nosuchbackend'" in m for m in problems)
+    assert "plugins.disable names 'nosuch'" in p.stderr  # and printed as a warning

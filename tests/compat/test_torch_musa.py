@@ -359,3 +359,53 @@ def test_bad_inputs_are_usage_errors(tmp_path) -> None:
         open_module_tracker("not a model")  # type: ignore[arg-type]
     with pytest.raises(UsageError):
         CompareWithCPU(atol=-1)
+
+
+# ---- should_log_to_file: the file only, each error once (issue 13 item 6) ----------------------
+
+
+def test_should_log_to_file_logs_only_to_the_file_each_error_once(tmp_path, capsys, caplog):
+    model = get_your_model()
+    open_module_tracker(model)
+    nan = Fault(op="aten.addmm", phase="forward", call=1, step=None, kind="nan", index=3)
+    with caplog.at_level("INFO", logger="torchparity"):
+        with emulate(faults=[FAULT]):
+            with CompareWithCPU(atol=0.001, rtol=0.001, should_log_to_file=True, output_dir=tmp_path) as c:
+                train(model)
+        with emulate(faults=[nan]):
+            with NanInfTracker(should_log_to_file=True, output_dir=tmp_path) as t:
+                train(get_your_model())
+                t.step()
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+    # nothing of the engine's went to the logging system (it prints on stderr, or on stdout under a
+    # user's logging.basicConfig(stream=sys.stdout)); only the emulated device's injection notes did
+    assert [r.getMessage() for r in caplog.records if "[torchparity:" in r.getMessage()] == []
+    text = (tmp_path / "compare_with_cpu_rank0.log").read_text()
+    assert text.count("[ERROR]") == 1 and text.count("Aten.addmm.1.forward") == 1  # the summary names it once
+    assert "[torchparity:error]" not in text and "[torchparity:summary] checked" in text
+    assert len(c.failures) == 1 and c.engine.log_lines  # the engine's lines are still kept
+    nan_text = (tmp_path / "nan_inf_tracker_rank0.log").read_text()
+    assert nan_text.count("[WARNING]") == 1 and "[torchparity:NANINF]" not in nan_text and len(t.findings) == 1
+
+
+def test_stdout_log_has_each_error_once(capsys, caplog):
+    with caplog.at_level("INFO", logger="torchparity"):
+        with emulate(faults=[FAULT]):
+            with CompareWithCPU(atol=0.001, rtol=0.001):
+                train(get_your_model())
+    out = capsys.readouterr().out
+    assert out.count("[ERROR]") == 1 and "[torchparity:error]" not in out
+    assert not [r for r in caplog.records if "[torchparity:" in r.getMessage()]
+
+
+@pytest.mark.parametrize("bad", ["/proc/x", "afile"])
+def test_unusable_output_dir_is_one_line_usage_error(tmp_path, monkeypatch, bad):
+    monkeypatch.chdir(tmp_path)
+    Path("afile").write_text("x")
+    for tool in (CompareWithCPU(should_log_to_file=True, output_dir=bad),
+                 NanInfTracker(should_log_to_file=True, output_dir=bad)):
+        with pytest.raises(UsageError) as e:
+            with tool:
+                pass
+        assert "\n" not in str(e.value) and "output_dir" in str(e.value)

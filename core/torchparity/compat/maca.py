@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import UsageError
+from ..plugin_types import prepare_output_dir, safe_file_name, set_text_cell
 
 log = logging.getLogger("torchparity")
 
@@ -207,7 +208,6 @@ def _finish_at_exit() -> None:
 
 # ---- per-record .pt files ----------------------------------------------------------------------
 
-_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 def _seq_of(flags: Any, name: str) -> str:
@@ -256,7 +256,7 @@ def _export_pt(path: Path) -> None:
                     data[side][str(r.arg)] = summary
             sub = Path(path, f"step{int(step)}_rank{int(rank)}") if multi else Path(path)
             sub.mkdir(parents=True, exist_ok=True)
-            torch.save(data, sub / (_SAFE.sub("_", seq) + ".pt"))
+            torch.save(data, sub / (safe_file_name(seq) + ".pt"))  # seq comes from the dump: untrusted
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -307,8 +307,7 @@ def gen_report(dir0: str, dir1: str, output_dir: str = "./") -> str:
         rows = rows.sort_values("order", kind="stable")
     sides = {1: _Side(dir1), 0: _Side(dir0)}  # names and stacks of each side's records
 
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output_dir(output_dir, option="gen_report(output_dir=...)")
     wb = Workbook()
     ws = wb.active
     ws.title = "report"
@@ -339,11 +338,22 @@ def gen_report(dir0: str, dir1: str, output_dir: str = "./") -> str:
             diff1 = num(getattr(r, "error", None))
         diff2 = num(getattr(r, "rmse", None))
         shape = lambda s: "" if s is None or s != s else str(list(s))  # noqa: E731
-        ws.append([seq, r.tensor, r.bench_dtype, r.device_dtype, shape(r.bench_shape), shape(r.device_shape),
-                   num(r.bench_max), num(r.bench_min), num(r.device_max), num(r.device_min), diff1, diff2, stack])
+        values = [seq, r.tensor, r.bench_dtype, r.device_dtype, shape(r.bench_shape), shape(r.device_shape),
+                  num(r.bench_max), num(r.bench_min), num(r.device_max), num(r.device_min), diff1, diff2, stack]
+        row = ws.max_row + 1
+        for col, v in enumerate(values, 1):  # names and stacks come from the dumps: text, never formulas
+            set_text_cell(ws.cell(row=row, column=col), None if v is None or v != v else v)
         if getattr(r, "status", None) == "error" or (diff1 is not None and diff1 > 1e-2):
             for c in ws[ws.max_row]:
                 c.fill = red
     path = out / REPORT_NAME
-    wb.save(path)
+    tmp = path.with_name("~$" + path.name)
+    try:
+        wb.save(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise UsageError(f"gen_report: cannot write {path} ({exc.strerror or exc}); free space or choose "
+                         "another output_dir") from None
     return str(path)

@@ -41,18 +41,21 @@ above that, ``atol``/``rtol`` decide.
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import os
 import sys
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, Iterable, Iterator, Sequence, TextIO
 
 import torch
 
 from ..errors import UsageError
-from ..online.compare import CompareWithReference, OnlineFailure
+from ..online.compare import MARK_ERROR, MARK_SUMMARY, CompareWithReference, OnlineFailure
 from ..online.judge import DEFAULT_TOLERANCE, JudgeOptions
+from ..online.naninf import MARKER as _NANINF_MARKER
 from ..online.naninf import NanInfFinding
 from ..online.naninf import NanInfTracker as _EngineNanInfTracker
 
@@ -153,8 +156,14 @@ class _Out:
 
     def open(self) -> None:
         if self.path is not None and self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")
+            from ..plugin_types import prepare_output_dir
+
+            prepare_output_dir(self.path.parent, option="output_dir")  # one-line UsageError if unusable
+            try:
+                self._fh = open(self.path, "a", encoding="utf-8")
+            except OSError as exc:
+                raise UsageError(f"cannot open the log file {self.path} ({exc.strerror or exc}); "
+                                 "choose another output_dir") from None
 
     def close(self) -> None:
         if self._fh is not None:
@@ -167,6 +176,25 @@ class _Out:
             self._fh.flush()
         else:
             sys.stdout.write(text + "\n")
+
+
+class _DropEngineLines(logging.Filter):
+    """Drops the engine's own NaN/Inf log record: the façade has logged it in torch_musa's format."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.args, tuple) and record.args[:1] == (_NANINF_MARKER,))
+
+
+@contextmanager
+def _engine_quiet() -> Iterator[None]:
+    """While the engine ends a step, keep its log lines off the ``torchparity`` logger (which
+    would print them to stderr, or to stdout under a user's logging config, next to the façade's)."""
+    logger, flt = logging.getLogger("torchparity"), _DropEngineLines()
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
 
 
 def _manual_steps(locator: Any) -> None:
@@ -198,6 +226,14 @@ class _Engine(CompareWithReference):
         super().start()
         _manual_steps(self._locator)
         return self
+
+    def _log(self, level: int, text: str) -> None:
+        """The engine's lines stay in :attr:`log_lines`; only the façade's sink prints (to stdout
+        or, with ``should_log_to_file``, to the file only), so each error is logged once, in
+        torch_musa's format. The summary and a case that could not be saved are passed on as is."""
+        self.log_lines.append(text)
+        if text.startswith(MARK_SUMMARY) or (text.startswith(MARK_ERROR) and " could not save " in text):
+            self.facade._emit(text)
 
     def _selected(self, func: Any, module: str) -> bool:
         ok = super()._selected(func, module)
@@ -363,7 +399,8 @@ class _Tracker(_EngineNanInfTracker):
     def _end_step(self, raise_now: bool, advance: bool = True) -> None:
         n = len(self.findings)
         try:
-            super()._end_step(raise_now, advance)
+            with _engine_quiet():
+                super()._end_step(raise_now, advance)
         finally:
             for finding in self.findings[n:]:
                 self.facade._warn(finding)

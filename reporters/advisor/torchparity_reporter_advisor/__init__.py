@@ -670,9 +670,15 @@ class AdvisorReporter(Reporter):
         text = advise(result, top_suspects=int(self.options.top_suspects), max_errors=int(self.options.max_errors),
                       width=int(self.options.width))
         path = out / self.options.filename
-        try:
-            path.write_text(text, encoding="utf-8")
+        tmp = path.with_name(path.name + ".tmp")
+        try:  # a temporary file renamed into place: a full disk never leaves half a file
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
         except OSError as exc:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
             raise PluginError(f"reporter 'advisor': cannot write {path}: {exc.strerror or exc}") from None
         return [path]
 

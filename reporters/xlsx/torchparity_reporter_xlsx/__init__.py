@@ -26,6 +26,7 @@ openpyxl and pandas are imported inside methods so plugin discovery stays fast.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -41,6 +42,8 @@ from torchparity.plugin_types import prepare_output_dir
 from torchparity.results import complete_first_divergence
 from torchparity.errors import PluginError
 from torchparity.plugin_types import Reporter
+
+from ._text import FORMULA_TRIGGERS, cell_text, hyperlink_formula, is_formula_like
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -321,19 +324,21 @@ def _num(x: Any) -> Any:
 
 
 def _plain(v: Any) -> Any:
-    """A summary value as something a cell can hold."""
-    if v is None or isinstance(v, (bool, int, str)):
+    """A summary value as something a cell can hold (text: see :mod:`._text`)."""
+    if isinstance(v, str):
+        return cell_text(v)
+    if v is None or isinstance(v, (bool, int)):
         return v
     if isinstance(v, float):
         return v if math.isfinite(v) else _fmt_num(v)
     if hasattr(v, "item") and not hasattr(v, "__len__"):
         return _plain(v.item())
     if isinstance(v, os.PathLike):
-        return os.fspath(v)
+        return cell_text(os.fspath(v))
     try:
-        return json.dumps(v, default=str)[:MAX_CELL_CHARS]
+        return cell_text(json.dumps(v, default=str))
     except Exception:
-        return str(v)[:MAX_CELL_CHARS]
+        return cell_text(str(v))
 
 
 # ------------------------------------------------------------------------------------------
@@ -365,7 +370,7 @@ class _Styles:
         self.root_border = Border(top=Side(style="medium", color="C00000"), bottom=Side(style="medium", color="C00000"))
 
 
-_XML_ESCAPE = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"})
+_XML_ESCAPE = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "\r": "&#13;"})  # CR: XML would read it as LF
 _DIMENSION_RE = re.compile(r'<dimension ref="[^"]*"\s*/>')
 #: rows of XML generated per write (bounds the memory of the streamed part)
 _CHUNK_ROWS = 4096
@@ -512,6 +517,7 @@ class XlsxReporter(Reporter):
         roles = ["result" if c.kind == "result" else "percent" if src is not None and src.endswith("_rel_diff") else "plain"
                  for c, src in cols]
         row_styles = {cat: [style_ids[(cat, r)] for r in roles] for cat in CATEGORIES}
+        quoted = {cat: [style_ids[(cat, r, "quoted")] for r in roles] for cat in CATEGORIES}
         last_col = _col_letter(len(cols))
         with zipfile.ZipFile(frame) as zin, zipfile.ZipFile(
                 path, "w", zipfile.ZIP_DEFLATED, compresslevel=int(self.options.compress_level), allowZip64=True) as zout:
@@ -531,7 +537,8 @@ class XlsxReporter(Reporter):
                 with zout.open(zinfo, "w", force_zip64=(hi - lo) > 100_000) as fh:
                     fh.write(head.encode("utf-8"))
                     for a in range(lo, hi, _CHUNK_ROWS):
-                        fh.write(self._rows_xml(values, categories, row_styles, a, min(hi, a + _CHUNK_ROWS), a - lo + 2))
+                        fh.write(self._rows_xml(values, categories, row_styles, a, min(hi, a + _CHUNK_ROWS), a - lo + 2,
+                                                quoted))
                     fh.write(xml[cut:].encode("utf-8"))
 
     @staticmethod
@@ -552,12 +559,18 @@ class XlsxReporter(Reporter):
 
     @staticmethod
     def _rows_xml(values: list[list[Any]], categories: list[str], row_styles: dict[str, list[int]],
-                  lo: int, hi: int, first_row: int) -> bytes:
-        """Rows ``lo..hi`` as ``<row>`` XML, built column by column (one type dispatch per cell)."""
+                  lo: int, hi: int, first_row: int, quoted: dict[str, list[int]] | None = None) -> bytes:
+        """Rows ``lo..hi`` as ``<row>`` XML, built column by column (one type dispatch per cell).
+
+        Strings are inline-string cells (text, never formulas); formula-like ones (see
+        :mod:`._text`) use the ``quoted`` style ids, which carry ``quotePrefix``."""
         cats = categories[lo:hi]
         columns = []
+        quoted = quoted or row_styles
+        triggers = FORMULA_TRIGGERS
         for j, vals in enumerate(values):
             prefix = {cat: f'<c s="{ids[j]}"' for cat, ids in row_styles.items()}
+            qprefix = {cat: f'<c s="{ids[j]}"' for cat, ids in quoted.items()}
             cells = []
             add = cells.append
             for v, cat in zip(vals[lo:hi], cats):
@@ -568,6 +581,8 @@ class XlsxReporter(Reporter):
                 elif v is None:
                     add(p + "/>")
                 elif t is str:
+                    if v[:1] in triggers:
+                        p = qprefix[cat]
                     add(f'{p} t="inlineStr"><is><t xml:space="preserve">{v.translate(_XML_ESCAPE)}</t></is></c>')
                 elif t is int:
                     add(f"{p}><v>{v}</v></c>")
@@ -578,7 +593,7 @@ class XlsxReporter(Reporter):
                         for r, cells in zip(range(first_row, first_row + hi - lo), zip(*columns))]).encode("utf-8")
 
     @staticmethod
-    def _register_styles(wb: Any, st: _Styles) -> dict[tuple[str, str], int]:
+    def _register_styles(wb: Any, st: _Styles) -> dict[tuple[str, ...], int]:
         """Register one cell style per (verdict category, column role) in the workbook; return ids.
 
         The styles are set on cells of a scratch sheet (that is removed again) so openpyxl writes
@@ -601,6 +616,11 @@ class XlsxReporter(Reporter):
                 if role == "percent":
                     c.number_format = "0.000%"
                 ids[(cat, role)] = c.style_id
+                r += 1
+                q = scratch.cell(row=r, column=1)
+                q._style = copy.copy(c._style)
+                q.quotePrefix = True  # formula-like text stays text when edited (see ._text)
+                ids[(cat, role, "quoted")] = q.style_id
         wb.remove(scratch)
         return ids
 
@@ -678,8 +698,8 @@ class XlsxReporter(Reporter):
             if root_rows:
                 k, r = divmod(root_rows[0], per_sheet)
                 sheet = "Compare" if k == 0 else f"Compare ({k + 1})"
-                label = rc.name.replace('"', "'")
-                add(cell("name", font=st.bold), cell(f'=HYPERLINK("#\'{sheet}\'!A{r + 2}","{label}")', font=st.link_font))
+                add(cell("name", font=st.bold),
+                    cell(hyperlink_formula(f"#'{sheet}'!A{r + 2}", str(rc.name)), font=st.link_font, formula=True))
             else:
                 add(cell("name", font=st.bold), cell(rc.name))
             for label, value in (("op", rc.op), ("module", rc.module), ("phase", rc.phase), ("step", rc.step),
@@ -713,7 +733,12 @@ class XlsxReporter(Reporter):
             ws.column_dimensions[letter].width = w
         for r, line in enumerate(lines, 1):
             for c, (value, style) in enumerate(line, 1):
+                formula = style.pop("formula", False)
                 x = ws.cell(row=r, column=c, value=_plain(value))
+                if isinstance(x.value, str) and not formula:
+                    x.data_type = "s"  # openpyxl makes every "=..." string a formula: names are text
+                    if is_formula_like(x.value):
+                        x.quotePrefix = True
                 for k, v in style.items():
                     if v is not None:
                         setattr(x, k, v)
