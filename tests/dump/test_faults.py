@@ -287,7 +287,7 @@ def test_a_rank_dying_mid_step_leaves_both_ranks_readable(tmp_path: Path) -> Non
     assert reader.footer(0, 1) is not None  # the step it finished is closed
     assert reader.footer(1, 1) is None  # the step it died in honestly is not
     stopped = json.loads((out / "step1" / "rank0" / "footer.json").read_text())
-    assert "RuntimeError" in stopped["interrupted"]
+    assert "RuntimeError" in stopped["interrupted"] and stopped["complete"] is False
     info = _cli("info", str(out))
     assert info.returncode == 0 and "Traceback" not in info.stderr
     assert "rank 1" in info.stdout and "no footer" in info.stdout

@@ -54,7 +54,7 @@ def _refuse(root: Path, rank: int, path: Path) -> UsageError:
     who = f"process {pid}" + (f" on {host}" if host and host != socket.gethostname() else "") if pid else "another process"
     return UsageError(
         f"dump directory {root} is in use: {who} is dumping rank {rank} into it; give this run another "
-        f"output directory, or wait until that process ends (delete {path} if it is gone)"
+        f"output directory, or wait until that process ends"
     )
 
 

@@ -16,8 +16,10 @@ told once, in one line:
   line), and nothing more is written; everything written before stays readable.
 
 ``footer.json`` then carries ``"complete": false``, ``"error"`` (that one line),
-``"records"`` (lines written), ``"dropped_records"`` and ``"dropped_tensors"``. One process per
-(directory, rank) may write: see :mod:`torchparity.dump.lock`.
+``"records"`` (lines written), ``"dropped_records"`` and ``"dropped_tensors"``. When the user's
+code raised inside ``with torchparity.dump(...)`` (a dead peer rank, an OOM, Ctrl-C) the step it
+stopped in gets ``"complete": false`` and ``"interrupted"`` (the exception, one line). One process
+per (directory, rank) may write: see :mod:`torchparity.dump.lock`.
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ def _append(f: Any, data: bytes) -> None:
 def _reason(exc: BaseException) -> str:
     """A short one-line reason for a failed write ("File too large", "No space left on device")."""
     text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    m = re.search(r"os error (\d+)", str(text))  # safetensors wraps the OS error in its own
+    if m and not isinstance(exc, OSError):
+        return os.strerror(int(m.group(1)))
     return " ".join(str(text).split())
 
 
@@ -357,13 +362,14 @@ class DumpWriter:
         try:
             dropped = rf.dropped_records + self._dropped_late.pop((rf.step, rf.rank), 0)
             error = self.error or (self.tensor_error if rf.dropped_tensors else None)
-            footer = {"complete": complete and error is None and dropped == 0, "records": rf.n_records,
+            stopped = self.interrupted if self._closing else None  # the user's code raised in this step
+            footer = {"complete": complete and error is None and dropped == 0 and not stopped, "records": rf.n_records,
                       "dropped_records": dropped, "tensor_bytes": rf.tensor_bytes,
                       "budget_exhausted": self.budget_exhausted, "dropped_tensors": rf.dropped_tensors}
             if error:
                 footer["error"] = error
-            if self.interrupted and self._closing:
-                footer["interrupted"] = self.interrupted
+            if stopped:
+                footer["interrupted"] = stopped
             _atomic_write_json(rf.dir / "footer.json", footer)
         except OSError:
             pass
