@@ -381,3 +381,23 @@ def test_run_with_a_failing_script_keeps_its_exit_code_and_a_readable_dump(tmp_p
     # a command that never starts Python (so no dump) is not reported as a written dump either
     proc = _cli("run", "-o", str(tmp_path / "e"), "--", "sh", "-c", "exit 4")
     assert proc.returncode == 4 and "no dump was written" in proc.stderr and "dump written to" not in proc.stderr
+
+
+def test_which_python_script_a_command_runs() -> None:
+    from torchparity.cli.run_cmd import python_script
+
+    assert python_script(["python", "-u", "-W", "ignore", "-X", "dev", "train.py", "--lr", "1"]) == "train.py"
+    assert python_script([sys.executable, "train.py"]) == "train.py"
+    assert python_script(["python3.11", "-Wignore", "t.py"]) == "t.py"
+    for cmd in (["python", "-m", "pkg"], ["python", "-c", "pass"], ["python", "-"], ["python", "-mpkg"],
+                ["torchrun", "--nproc-per-node", "2", "train.py"], ["sh", "x.sh"], ["python"]):
+        assert python_script(cmd) is None, cmd
+
+
+@pytest.mark.parametrize("bad", [5, "", ["d"], "a\x00b"])
+def test_a_path_that_is_not_a_directory_name_is_a_usage_error(bad: object) -> None:
+    """Before: ``path: 5`` in a dump YAML ended in a TypeError traceback at start()."""
+    from torchparity.dump.options import DumpOptions
+
+    with pytest.raises(UsageError, match="path must be a directory name"):
+        DumpOptions(path=bad)  # type: ignore[arg-type]
