@@ -54,7 +54,8 @@ def _refuse(root: Path, rank: int, path: Path) -> UsageError:
     who = f"process {pid}" + (f" on {host}" if host and host != socket.gethostname() else "") if pid else "another process"
     return UsageError(
         f"dump directory {root} is in use: {who} is dumping rank {rank} into it; give this run another "
-        f"output directory, or wait until that process ends"
+        f"output directory, or wait until that process ends (ranks of one job: start the dump after "
+        f"init_process_group, or set RANK, so that each takes its own rank)"
     )
 
 
