@@ -4,13 +4,46 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
 
 from ..records import LEVELS, MODES
+
+
+_PY_OPTS_WITH_VALUE = {"-W", "-X", "-Q"}
+
+
+def python_script(cmd: list[str]) -> str | None:
+    """The script a ``python [options] script.py ...`` command runs; None for ``-m``, ``-c``,
+    ``-`` (stdin) or a command that is not Python (torchrun, a shell script...)."""
+    if not cmd or not re.fullmatch(r"python[0-9.]*(\.exe)?", os.path.basename(cmd[0])) and cmd[0] != sys.executable:
+        return None
+    args = iter(cmd[1:])
+    for a in args:
+        if a in ("-m", "-c", "-"):
+            return None
+        if a in _PY_OPTS_WITH_VALUE:
+            next(args, None)
+            continue
+        if a.startswith("-"):
+            if a[1:2] in ("m", "c"):  # -mpkg, -c'code'
+                return None
+            continue
+        return a
+    return None
+
+
+def _dump_written_since(root: Path, t0: float) -> bool:
+    """True when a process of this run started a dump in ``root`` (it rewrites torchparity.json)."""
+    try:
+        return (root / "torchparity.json").stat().st_mtime >= t0
+    except OSError:
+        return False
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True})
@@ -42,7 +75,7 @@ def run(output: str, level: str, mode: str, steps: str | None, ranks: str | None
     Every Python process started by COMMAND dumps its own rank into OUTPUT/step{S}/rank{R}/.
     Steps advance on optimizer.step(). The exit code is COMMAND's.
     """
-    from ..dump.options import DumpOptions, _ranges, load_options_file
+    from ..dump.options import DumpOptions, _ranges, check_output_dir, load_options_file
     from ..errors import UsageError
     from . import AUTOLOAD_FORCED
 
@@ -73,6 +106,10 @@ def run(output: str, level: str, mode: str, steps: str | None, ranks: str | None
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("no command given; usage: torchparity run -o DIR -- python train.py")
+    script = python_script(cmd)
+    if script is not None and not Path(script).is_file():
+        raise UsageError(f"script {script} does not exist; nothing was run and no dump was written")
+    check_output_dir(opts["path"], "-o/--output")  # one line before the script starts, not a failed dump after
     env = dict(os.environ)
     if AUTOLOAD_FORCED:
         env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the user's script loads its device as usual
@@ -81,9 +118,20 @@ def run(output: str, level: str, mode: str, steps: str | None, ranks: str | None
     env["TORCHPARITY_RUN_OPTIONS"] = json.dumps(opts)
     if cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable
+    t0 = time.time() - 0.01  # coarse file-system clocks: never miss this run's own write
     try:
         proc = subprocess.run(cmd, env=env)
     except FileNotFoundError:
         raise UsageError(f"command not found: {cmd[0]}") from None
-    click.echo(f"torchparity: dump written to {opts['path']}", err=True)
-    return proc.returncode
+    except PermissionError:
+        raise UsageError(f"command {cmd[0]} cannot be executed (permission denied)") from None
+    rc = proc.returncode
+    if not _dump_written_since(Path(opts["path"]), t0):
+        click.echo(f"torchparity: no dump was written to {opts['path']}: the command (exit code {rc}) started no "
+                   f"Python process that reached the dump", err=True)
+    elif rc != 0:
+        click.echo(f"torchparity: the command failed (exit code {rc}); what it ran before is in {opts['path']} "
+                   f"(see `torchparity info {opts['path']}`)", err=True)
+    else:
+        click.echo(f"torchparity: dump written to {opts['path']}", err=True)
+    return rc

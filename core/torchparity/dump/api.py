@@ -31,7 +31,7 @@ from ..capture.session import CaptureSession, current_rank, world_size
 from ..capture.stats import CHECKSUM_ALGORITHM
 from ..errors import UsageError
 from ..records import FORMAT_NAME, FORMAT_VERSION
-from .options import DumpOptions, load_options_file
+from .options import DumpOptions, check_output_dir, load_options_file
 from .writer import DumpWriter
 
 log = logging.getLogger("torchparity")
@@ -183,9 +183,7 @@ class Dumper:
             if self.session is not None:
                 self.session.flush()
             if self.writer is not None:
-                self.writer.close()
-                if self.writer.error:
-                    log.error(self.writer.error)
+                self.writer.close()  # a write error was told once, by the writer
             _ACTIVE.discard(self)
 
     def step(self) -> None:
@@ -231,7 +229,14 @@ class Dumper:
     def __enter__(self) -> "Dumper":
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None and self.writer is not None and self._stack is not None:
+            # the training stopped with an exception (a dead peer rank, an OOM, Ctrl-C): the
+            # footer of the step it stopped in says so; everything captured until then is kept
+            what = " ".join(f"{exc_type.__name__}: {exc}".split())
+            self.writer.interrupted = what if len(what) <= 300 else what[:297] + "..."
+            log.warning("torchparity: the run stopped at step %d with %s; the dump in %s keeps everything "
+                        "captured until then", self.current_step, exc_type.__name__, self.path)
         self.stop()
 
 
@@ -239,7 +244,10 @@ def dump(path: str | None = None, *, config: str | None = None, model: torch.nn.
          **options: Any) -> Dumper:
     """Create a dump of everything the model computes (start it with ``with`` or ``.start()``).
 
-    :param path: output directory (created). Layout: ``path/step{S}/rank{R}/``.
+    :param path: output directory (created). Layout: ``path/step{S}/rank{R}/``. A path that is a
+        file or cannot be written raises :class:`~torchparity.errors.UsageError` here, before
+        training starts; so does a directory another process is dumping the same rank into (at
+        ``start()``).
     :param config: a YAML file of options, or an msprobe ``config.json`` (mapped; unknown keys rejected).
     :param model: optional root module, to name modules by their path in it from the start.
     :param options: any :class:`~torchparity.dump.options.DumpOptions` field: ``level`` (module,
@@ -257,6 +265,7 @@ def dump(path: str | None = None, *, config: str | None = None, model: torch.nn.
         opts = DumpOptions(**kwargs)
     except TypeError as exc:
         raise UsageError(f"unknown dump option: {exc}") from None
+    check_output_dir(opts.path)  # before training starts: a read-only or file path is one clear line
     return Dumper(opts, model=model)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,10 @@ class DumpOptions:
     backend: str | None = None  # device backend: described in the header and activated around the run (default: guessed, not activated)
 
     def __post_init__(self) -> None:
+        if isinstance(self.path, os.PathLike):
+            self.path = os.fspath(self.path)
+        if not isinstance(self.path, str) or not self.path.strip() or "\0" in self.path:
+            raise UsageError(f"path must be a directory name (got {self.path!r})")
         if self.level == "L0":
             self.level = "module"
         if self.level not in LEVELS:
@@ -75,6 +80,27 @@ class DumpOptions:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check_output_dir(path: str | os.PathLike[str], what: str = "dump path") -> None:
+    """Raise :class:`UsageError` (one line) unless ``path`` is, or can be made, a writable
+    directory: checked by creating it and a probe file in it, so that a read-only file system, a
+    directory without write permission or a path that is a file is refused before training
+    starts, not discovered by the writer thread afterwards (root passes permission bits, so the
+    probe is a real write, not ``os.access``)."""
+    import tempfile
+
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{what} {p} is a file, not a directory; choose a directory (it is created if missing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".torchparity-probe-", dir=p)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = " ".join(str(exc.strerror or exc).split())
+        raise UsageError(f"{what} {p} is not writable ({reason}); choose a directory you can write to") from None
 
 
 # ---- pattern matching -------------------------------------------------------------------------

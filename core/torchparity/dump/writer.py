@@ -4,8 +4,22 @@ The training thread hands over complete batches (records plus a stacked tensor o
 statistics, plus CPU copies of tensors in tensor mode). A single worker thread brings the
 statistics to the host in one transfer, writes tensor files atomically (temp name, then rename),
 then appends the records that reference them and flushes. A process killed at any moment leaves
-everything up to the last complete batch readable. Errors (disk full, permissions) never stop the
-user's training: the writer logs one clear message, stops writing, and marks the dump incomplete.
+everything up to the last complete batch readable.
+
+Errors (disk full, file size limit, permissions) never stop the user's training, and each kind is
+told once, in one line:
+
+* a tensor file that cannot be written is removed and its tensors are dropped (their entries keep
+  their statistics and lose the file reference); tensors are no longer saved from then on, records
+  and statistics continue;
+* a record line that cannot be written is cut back (``records.jsonl`` always ends with a complete
+  line), and nothing more is written; everything written before stays readable.
+
+``footer.json`` then carries ``"complete": false``, ``"error"`` (that one line),
+``"records"`` (lines written), ``"dropped_records"`` and ``"dropped_tensors"``. When the user's
+code raised inside ``with torchparity.dump(...)`` (a dead peer rank, an OOM, Ctrl-C) the step it
+stopped in gets ``"complete": false`` and ``"interrupted"`` (the exception, one line). One process
+per (directory, rank) may write: see :mod:`torchparity.dump.lock`.
 """
 
 from __future__ import annotations
@@ -58,15 +72,48 @@ class Batch:
 
 @dataclass
 class _RankFiles:
+    step: int
+    rank: int
     dir: Path
-    records: Any
+    records: Any  # binary, unbuffered append-only files: see _append
     stacks: Any
     modules: Any
     n_records: int = 0
+    dropped_records: int = 0
     n_tensor_files: int = 0
     tensor_bytes: int = 0
     dropped_tensors: int = 0
     saved_tensors: dict[str, str] = field(default_factory=dict)  # tensor key -> its file
+
+
+def _append(f: Any, data: bytes) -> None:
+    """Append ``data`` to the unbuffered binary file ``f`` entirely, or not at all: on a failed
+    or short write (disk full, file size limit) the file is cut back to where it was, so it always
+    ends with a complete line, and the OSError is raised."""
+    fd = f.fileno()
+    start = os.fstat(fd).st_size
+    view, done = memoryview(data), 0
+    try:
+        while done < len(view):
+            n = os.write(fd, view[done:])
+            if n <= 0:  # pragma: no cover - a regular file never returns 0 for a non-empty write
+                raise OSError(28, "No space left on device")
+            done += n
+    except OSError:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass
+        raise
+
+
+def _reason(exc: BaseException) -> str:
+    """A short one-line reason for a failed write ("File too large", "No space left on device")."""
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    m = re.search(r"os error (\d+)", str(text))  # safetensors wraps the OS error in its own
+    if m and not isinstance(exc, OSError):
+        return os.strerror(int(m.group(1)))
+    return " ".join(str(text).split())
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
@@ -116,8 +163,14 @@ class DumpWriter:
         self.fsync = fsync
         self.max_bytes = max_bytes
         self.max_queue_bytes = max_queue_bytes
-        self.error: str | None = None
+        self.error: str | None = None  # records could not be written: the dump stopped there
+        self.tensor_error: str | None = None  # tensors could not be written: no more tensors saved
+        self.interrupted: str | None = None  # set by the dumper when the user's code raised: the open steps stopped early
         self.budget_exhausted = False
+        self._file_mode = 0o644
+        self._lock: Any = None
+        self._closing = False
+        self._dropped_late: dict[tuple[int, int], int] = {}  # records refused after self.error
         self._files: dict[tuple[int, int], _RankFiles] = {}
         self._queue: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         self._queued_bytes = 0
@@ -125,23 +178,37 @@ class DumpWriter:
         self._total_tensor_bytes = 0
         self._module_lines: list[dict[str, Any]] = []
         self._thread = threading.Thread(target=self._run, name="torchparity-writer", daemon=True)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if rank is not None:
-                replace_previous_run(self.root, rank)
-            _atomic_write_json(self.root / "torchparity.json", {
-                "format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": header.get("tool_version"),
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            })
-        except OSError as exc:
-            from ..errors import DumpError
+        from ..errors import UsageError
+        from .lock import DumpLock
 
-            raise DumpError(f"cannot create dump directory {self.root}: {exc.strerror or exc}; choose a writable path") from None
+        try:
+            if self.root.exists() and not self.root.is_dir():
+                raise UsageError(f"dump path {self.root} is a file, not a directory; choose a directory path")
+            self.root.mkdir(parents=True, exist_ok=True)
+            if rank is not None:  # before anything is replaced: a second writer must not wipe the first's data
+                self._lock = DumpLock(self.root, rank).acquire()
+            try:
+                if rank is not None:
+                    replace_previous_run(self.root, rank)
+                _atomic_write_json(self.root / "torchparity.json", {
+                    "format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": header.get("tool_version"),
+                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                })
+                # tensor files get the mode the rest of the dump gets (the user's umask)
+                self._file_mode = (self.root / "torchparity.json").stat().st_mode & 0o777
+            except BaseException:
+                if self._lock is not None:
+                    self._lock.release()
+                raise
+        except OSError as exc:
+            raise UsageError(f"cannot write the dump to {self.root}: {_reason(exc)}; choose a writable directory "
+                             f"(option path / -o)") from None
         self._thread.start()
 
     # ---- producer side (training thread) --------------------------------------------------
     def submit(self, batch: Batch) -> None:
-        if self.error:
+        if self.error:  # stopped: only the count travels, for the footer
+            self._queue.put(("dropped", (batch.step, batch.rank, len(batch.records))))
             return
         if batch.tensors:
             with self._cond:
@@ -171,10 +238,12 @@ class DumpWriter:
                 return
 
     def close(self) -> None:
-        if not self._thread.is_alive():
-            return
-        self._queue.put(("close", None))
-        self._thread.join()
+        if self._thread.is_alive():
+            self._queue.put(("close", None))
+            self._thread.join()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # ---- worker side -------------------------------------------------------------------------
     def _rank_files(self, step: int, rank: int) -> _RankFiles:
@@ -187,17 +256,15 @@ class DumpWriter:
                           created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                           pid=os.getpid(), hostname=socket.gethostname())
             _atomic_write_json(d / "header.json", header)
-            rf = _RankFiles(d, open(d / "records.jsonl", "a", encoding="utf-8"),
-                            open(d / "stacks.jsonl", "a", encoding="utf-8"),
-                            open(d / "modules.jsonl", "a", encoding="utf-8"))
-            for m in self._module_lines:
-                rf.modules.write(json.dumps(m) + "\n")
-            rf.modules.flush()
+            rf = _RankFiles(step, rank, d, open(d / "records.jsonl", "ab", buffering=0),
+                            open(d / "stacks.jsonl", "ab", buffering=0),
+                            open(d / "modules.jsonl", "ab", buffering=0))
             self._files[key] = rf
+            if self._module_lines:
+                _append(rf.modules, "".join(json.dumps(m) + "\n" for m in self._module_lines).encode())
         return rf
 
     def _sync(self, f: Any) -> None:
-        f.flush()
         if self.fsync:
             os.fsync(f.fileno())
 
@@ -214,14 +281,30 @@ class DumpWriter:
             if e.file is None:
                 e.key = None
         lines = "".join(_record_line(r.to_json()) for r in b.records)
-        rf.records.write(lines)
+        try:
+            _append(rf.records, lines.encode())
+        except OSError as exc:
+            rf.dropped_records += len(b.records)
+            self._fail(f"writing the dump to {self.root} failed at step {b.step} ({_reason(exc)}): the "
+                       f"{rf.n_records} records written before are kept and readable, nothing after is "
+                       f"saved; training goes on. Free disk space or choose another path.")
+            return
         self._sync(rf.records)
         rf.n_records += len(b.records)
+
+    def _drop_tensors(self, rf: _RankFiles, b: Batch, keys: Any) -> None:
+        for k in keys:
+            rf.dropped_tensors += 1
+            b.tensor_owner[k].file = None
+            b.tensor_owner[k].key = None
 
     def _write_tensors(self, rf: _RankFiles, b: Batch) -> None:
         from safetensors.torch import save_file
 
         tensors = b.tensors
+        if self.tensor_error:  # the disk refused a tensor file before: statistics only from here on
+            self._drop_tensors(rf, b, list(tensors))
+            return
         if self.max_bytes is not None:
             kept: dict[str, torch.Tensor] = {}
             for k, t in tensors.items():
@@ -246,11 +329,24 @@ class DumpWriter:
         name = f"tensors/{rf.n_tensor_files:06d}.safetensors"
         rf.n_tensor_files += 1
         tmp = rf.dir / (name + ".tmp")
-        save_file(tensors, str(tmp))
-        if self.fsync:
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-        os.replace(tmp, rf.dir / name)
+        try:
+            save_file(tensors, str(tmp))
+            os.chmod(tmp, self._file_mode)  # safetensors creates 0600; the rest of the dump follows the umask
+            if self.fsync:
+                with open(tmp, "rb") as fh:
+                    os.fsync(fh.fileno())
+            os.replace(tmp, rf.dir / name)
+        except Exception as exc:  # OSError, or safetensors' own error wrapping one (disk full, size limit)
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            self._drop_tensors(rf, b, list(tensors))
+            self.tensor_error = (f"saving tensors in {rf.dir} failed at step {b.step} ({_reason(exc)}): tensors are "
+                                 f"no longer saved, records and statistics go on; free disk space, or lower "
+                                 f"max_bytes / narrow the filters")
+            self._tell(self.tensor_error)
+            return
         for k, t in tensors.items():
             b.tensor_owner[k].file = name
             rf.saved_tensors[k] = name
@@ -264,20 +360,38 @@ class DumpWriter:
             except OSError:
                 pass
         try:
-            footer = {"complete": complete and self.error is None, "records": rf.n_records,
-                      "tensor_bytes": rf.tensor_bytes, "budget_exhausted": self.budget_exhausted,
-                      "dropped_tensors": rf.dropped_tensors}
-            if self.error:
-                footer["error"] = self.error
+            dropped = rf.dropped_records + self._dropped_late.pop((rf.step, rf.rank), 0)
+            error = self.error or (self.tensor_error if rf.dropped_tensors else None)
+            stopped = self.interrupted if self._closing else None  # the user's code raised in this step
+            footer = {"complete": complete and error is None and dropped == 0 and not stopped, "records": rf.n_records,
+                      "dropped_records": dropped, "tensor_bytes": rf.tensor_bytes,
+                      "budget_exhausted": self.budget_exhausted, "dropped_tensors": rf.dropped_tensors}
+            if error:
+                footer["error"] = error
+            if stopped:
+                footer["interrupted"] = stopped
             _atomic_write_json(rf.dir / "footer.json", footer)
         except OSError:
             pass
+
+    def _tell(self, message: str) -> None:
+        """Tell the user once, in one line (the writer thread's only way to reach them)."""
+        log.error("torchparity: %s", message)
+
+    def _fail(self, message: str) -> None:
+        """Stop writing for good after a failed record write; keep what is on disk."""
+        if self.error is None:
+            self.error = message
+            self._tell(message)
+        with self._cond:
+            self._cond.notify_all()
 
     def _run(self) -> None:
         while True:
             kind, payload = self._queue.get()
             try:
                 if kind == "close":
+                    self._closing = True
                     for rf in self._files.values():
                         self._finish_rank(rf, True)
                     self._files.clear()
@@ -285,37 +399,38 @@ class DumpWriter:
                 if kind == "barrier":
                     payload.set()
                     continue
-                if self.error:
-                    continue
                 if kind == "batch":
                     try:
-                        self._write_batch(payload)
+                        if self.error:  # stopped: count what is not written, for the footer
+                            key = (payload.step, payload.rank)
+                            self._dropped_late[key] = self._dropped_late.get(key, 0) + len(payload.records)
+                        else:
+                            self._write_batch(payload)
                     finally:
                         if payload.tensors:
                             with self._cond:
                                 self._queued_bytes -= payload.nbytes
                                 self._cond.notify_all()
+                elif kind == "end_step":  # also after an error: the footer says what happened
+                    for key in [k for k in self._files if k[0] == payload]:
+                        self._finish_rank(self._files.pop(key), True)
+                elif kind == "dropped":
+                    step, rank, n = payload
+                    self._dropped_late[(step, rank)] = self._dropped_late.get((step, rank), 0) + n
+                elif self.error:
+                    continue
                 elif kind == "stack":
                     step, rank, sid, frames = payload
                     rf = self._rank_files(step, rank)
-                    rf.stacks.write(json.dumps({"id": sid, "frames": frames}) + "\n")
+                    _append(rf.stacks, (json.dumps({"id": sid, "frames": frames}) + "\n").encode())
                 elif kind == "modules":
                     lines = [{"path": p, "class": c, "parent": par} for p, c, par in payload]
                     self._module_lines.extend(lines)
                     for rf in self._files.values():
-                        rf.modules.write("".join(json.dumps(m) + "\n" for m in lines))
-                elif kind == "end_step":
-                    for key in [k for k in self._files if k[0] == payload]:
-                        self._finish_rank(self._files.pop(key), True)
+                        _append(rf.modules, "".join(json.dumps(m) + "\n" for m in lines).encode())
             except OSError as exc:
-                self.error = (f"writing the dump to {self.root} failed ({exc.strerror or exc}); nothing after this "
-                              f"point was saved. Everything written before is readable. Free disk space or choose "
-                              f"another path.")
-                log.error(self.error)
-                with self._cond:
-                    self._cond.notify_all()
+                self._fail(f"writing the dump to {self.root} failed ({_reason(exc)}): nothing after this point "
+                           f"is saved, everything written before is readable; training goes on. Free disk space "
+                           f"or choose another path.")
             except Exception as exc:  # never kill the user's training from the writer thread
-                self.error = f"internal error in the dump writer: {type(exc).__name__}: {exc}"
-                log.error(self.error)
-                with self._cond:
-                    self._cond.notify_all()
+                self._fail(f"internal error in the dump writer: {type(exc).__name__}: {' '.join(str(exc).split())}")
