@@ -14,7 +14,7 @@ import torch
 
 import torchparity
 from torchparity.compare._testing import mlp_stack_dump
-from torchparity.dump.reader import damage
+from torchparity.dump.reader import damage, open_dump, read_unit
 from torchparity.errors import DumpError
 
 
@@ -166,8 +166,10 @@ def test_msprobe_pt_is_never_unpickled(tmp_path):
     torch.save({"not": os.system}, evil)  # a pickle that would reference os.system
     df = torchparity.load_dump(root)
     row = df[(df["name"] == "Functional.linear.0.forward") & (df["io"] == "output")].iloc[0]
-    with pytest.raises(DumpError):
+    with pytest.raises(DumpError) as err:
         row["tensor"].load()
+    msg = str(err.value)  # one line (torch.load's refusal runs to 8 lines)
+    assert "\n" not in msg and "never unpickles" in msg and evil.name in msg
 
 
 # ---- the compare frame (read_unit(..., compact=True)): built column by column, chunk by chunk ----
@@ -387,3 +389,73 @@ def test_compare_refuses_wrong_values(tmp_path, capsys):
     assert code == 2 and "stats.max is a string" in text and len(text.strip().splitlines()) == 1, text
     partial = torchparity.compare(bad, clean, allow_partial=True)  # the rest is compared; record 2 is not
     assert 2 not in set(partial.rows["device_record_id"].dropna().astype(int))
+
+
+# ---- metadata files of the wrong type or damaged: warnings/damage, never a traceback ----
+
+@pytest.mark.parametrize("version", [None, [1], "2", {"a": 1}])
+def test_root_meta_version_of_the_wrong_type(tmp_path, version):
+    root = _write_rank(tmp_path / "d", [_rec(i) for i in range(3)])
+    (root / "torchparity.json").write_text(json.dumps({"format": "torchparity-dump", "version": version}))
+    df = torchparity.load_dump(root)
+    assert df["record_id"].nunique() == 3
+    assert any("torchparity.json: 'version' is" in w and "not an integer" in w for w in df.attrs["warnings"])
+
+
+def test_stacks_lines_that_are_not_objects(tmp_path):
+    root = _write_rank(tmp_path / "d", [_rec(i) for i in range(3)])
+    (root / "step0" / "rank0" / "stacks.jsonl").write_text('[1]\n5\n"x"\n{"id": "a"}\n{"id": 2, "frames": 7}\n'
+                                                          '{"id": 3, "frames": ["a.py:1 in f"]}\n')
+    assert open_dump(root).stacks(0, 0) == {2: [], 3: ["a.py:1 in f"]}
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"complete": tr', "footer.json is unreadable"),
+    ("[1]", "footer.json holds a list, not an object"),
+    ('{"complete": true, "records": "x"}', "'records' is a string"),
+    ('{"complete": false, "records": 3}', "'complete' is False, not true"),
+    ('{"complete": false, "records": 3, "error": "internal error in the dump writer: File too large"}',
+     "the dump writer stopped with an error: internal error in the dump writer: File too large"),
+])
+def test_damaged_footer_is_reported(tmp_path, text, why):
+    root = _write_rank(tmp_path / "d", [_rec(i) for i in range(3)])
+    (root / "step0" / "rank0" / "footer.json").write_text(text)
+    w: list[str] = []
+    for compact in (True, False):
+        w = []
+        df = read_unit(open_dump(root).unit(0, 0), w, compact=compact)
+        assert df["record_id"].nunique() == 3
+        lost = damage(w)
+        assert len(lost) == 1 and why in lost[0] and "no footer" not in lost[0] and "\n" not in lost[0], w
+    with pytest.raises(DumpError, match="footer|writer"):
+        torchparity.compare(root, _write_rank(tmp_path / "clean", [_rec(i) for i in range(3)]))
+
+
+def test_info_shows_the_writer_error(tmp_path, capsys):
+    """`torchparity info` said "no footer" although footer.json held the writer's error."""
+    root = _write_rank(tmp_path / "d", [_rec(i) for i in range(3)])
+    (root / "step0" / "rank0" / "footer.json").write_text(json.dumps(
+        {"complete": False, "records": 3, "error": "internal error in the dump writer: File too large"}))
+    code, text = run_cli(["info", str(root)], capsys)
+    assert code == 0 and "no footer" not in text
+    assert "INCOMPLETE (the dump writer stopped with an error: internal error in the dump writer: File too large)" in text
+    (root / "step0" / "rank0" / "footer.json").write_text("{oops")
+    code, text = run_cli(["info", str(root)], capsys)
+    assert code == 0 and "INCOMPLETE (footer.json is damaged)" in text and "no footer" not in text
+
+
+@pytest.mark.parametrize("name", ["records.jsonl", "header.json", "footer.json", "stacks.jsonl", "other.txt"])
+def test_a_file_is_not_a_dump(tmp_path, capsys, name):
+    """A file given as the bench dump compared as "agree"; it is refused (one line, exit 2)."""
+    root = _write_rank(tmp_path / "d", [_rec(i) for i in range(3)])
+    f = root / "step0" / "rank0" / name
+    f.touch()
+    with pytest.raises(DumpError, match="is a file, not a dump"):
+        open_dump(f)
+    code, text = run_cli(["compare", str(root), str(f), "-o", str(tmp_path / "o")], capsys)
+    assert code == 2 and "is a file, not a dump" in text and len(text.strip().splitlines()) == 1, text
+
+
+def test_msprobe_dump_json_file_is_accepted(tmp_path):
+    root = _msprobe_dump(tmp_path / "ms")
+    assert open_dump(root / "step0" / "rank0" / "dump.json").format == "msprobe"

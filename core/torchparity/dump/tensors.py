@@ -6,6 +6,7 @@ Nothing is read before ``load()``; nothing is ever unpickled (``.pt`` files are 
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,13 @@ from ..errors import DumpError
 # ----------------------------------------------------------------------------------------------
 # lazy tensor handles
 # ----------------------------------------------------------------------------------------------
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (torch.load's refusals run to a dozen lines)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    s = lines[0] if lines else ""
+    return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
 class TensorRef:
@@ -41,7 +49,7 @@ class TensorRef:
             raise
         except Exception as exc:  # corrupt file, missing key, unsupported content
             raise DumpError(
-                f"tensor '{self.key}' in {self.path} cannot be read ({type(exc).__name__}: {exc}); "
+                f"tensor '{self.key}' in {self.path} cannot be read ({type(exc).__name__}: {first_line(exc)}); "
                 f"the file is corrupt - re-run the dump, or compare in statistics mode"
             ) from None
 
@@ -83,7 +91,7 @@ class TensorLoader:
             return f.get_tensor(ref.key)
         except Exception as exc:
             raise DumpError(
-                f"tensor '{ref.key}' in {ref.path} cannot be read ({type(exc).__name__}: {exc}); "
+                f"tensor '{ref.key}' in {ref.path} cannot be read ({type(exc).__name__}: {first_line(exc)}); "
                 f"the file is corrupt - re-run the dump, or compare in statistics mode"
             ) from None
 
@@ -103,7 +111,14 @@ class PtRef(TensorRef):
     def _read(self) -> Any:
         import torch
 
-        obj = torch.load(str(self.path), map_location="cpu", weights_only=True)
+        try:
+            obj = torch.load(str(self.path), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise DumpError(
+                f"{self.path} holds pickled Python objects, not only a tensor; torchparity never unpickles "
+                f"them (it loads .pt files with weights_only=True) - re-save the tensor alone, or compare "
+                f"in statistics mode"
+            ) from None
         if not isinstance(obj, torch.Tensor):
             raise DumpError(f"{self.path} does not hold a tensor but a {type(obj).__name__}")
         return obj
