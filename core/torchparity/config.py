@@ -93,54 +93,87 @@ def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     return source_tree_config()
 
 
+def _names(raw: Any, where: str, path: Path | None) -> list[str]:
+    """A list of names (``disable: [maca]``); a single name is accepted as a list of one."""
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return [raw]
+    if not isinstance(raw, list) or not all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in raw):
+        raise UsageError(f"{path}: '{where}' must be a list of names, not {_shown(raw)}; write e.g. {where.split('.')[-1]}: [maca]")
+    return [str(x) for x in raw]
+
+
+def _mapping(raw: Any, where: str, path: Path | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: '{where}' must be a mapping (key: value lines), not {_shown(raw)}")
+    return raw
+
+
+def _shown(v: Any) -> str:
+    s = repr(v)
+    return f"{type(v).__name__} {s if len(s) <= 40 else s[:37] + '...'}"
+
+
 def _component_list(raw: Any, section: str, path: Path | None) -> list[ComponentSpec]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise UsageError(f"{path}: '{section}' must be a list of names or {{name: options}} items")
+        raise UsageError(f"{path}: '{section}' must be a list of names or {{name: options}} items, not {_shown(raw)}")
     specs: list[ComponentSpec] = []
     for item in raw:
         if isinstance(item, str):
             specs.append(ComponentSpec(item))
         elif isinstance(item, dict) and len(item) == 1:
             (name, opts), = item.items()
+            if opts is not None and not isinstance(opts, dict):
+                raise UsageError(f"{path}: options of {section} '{name}' must be a mapping, not {_shown(opts)}")
             opts = dict(opts or {})
-            if not isinstance(opts, dict):
-                raise UsageError(f"{path}: options of {section} '{name}' must be a mapping")
-            enabled = bool(opts.pop("enabled", True))
+            enabled = opts.pop("enabled", True)
+            if not isinstance(enabled, bool):
+                raise UsageError(f"{path}: '{section}.{name}.enabled' must be true or false, not {_shown(enabled)}")
             specs.append(ComponentSpec(str(name), enabled, opts))
         else:
-            raise UsageError(f"{path}: bad item in '{section}': {item!r}; write 'name' or 'name: {{options}}'")
+            raise UsageError(f"{path}: bad item in '{section}': {_shown(item)}; write 'name' or 'name: {{options}}'")
     return specs
 
 
 def parse_config(data: Any, path: Path | None = None) -> PluginsConfig:
+    """Check and parse the YAML value of a plugins.yaml; any wrong type is a one-line
+    :class:`~torchparity.errors.UsageError` naming the file and the key."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected a mapping at the top level of plugins.yaml")
-    unknown = set(data) - KNOWN_TOP_KEYS
+        raise UsageError(f"{path}: expected a mapping at the top level of plugins.yaml, not {_shown(data)}")
+    unknown = set(map(str, data)) - KNOWN_TOP_KEYS
     if unknown:
         raise UsageError(
             f"{path}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(KNOWN_TOP_KEYS))}"
         )
     version = data.get("version", 1)
-    if version != 1:
-        raise UsageError(f"{path}: plugins.yaml version {version} is not supported (this torchparity reads version 1)")
-    plugins = data.get("plugins") or {}
-    if set(plugins) - KNOWN_PLUGIN_KEYS:
-        raise UsageError(f"{path}: unknown key(s) under 'plugins': {', '.join(sorted(set(plugins) - KNOWN_PLUGIN_KEYS))}")
-    backends = data.get("backends") or {}
-    if set(backends) - KNOWN_BACKEND_KEYS:
-        raise UsageError(f"{path}: unknown key(s) under 'backends': {', '.join(sorted(set(backends) - KNOWN_BACKEND_KEYS))}")
+    if version != 1 or isinstance(version, bool):
+        raise UsageError(f"{path}: plugins.yaml version {version!r:.40} is not supported (this torchparity reads version 1)")
+    plugins = _mapping(data.get("plugins"), "plugins", path)
+    if set(map(str, plugins)) - KNOWN_PLUGIN_KEYS:
+        raise UsageError(f"{path}: unknown key(s) under 'plugins': {', '.join(sorted(set(map(str, plugins)) - KNOWN_PLUGIN_KEYS))}")
+    backends = _mapping(data.get("backends"), "backends", path)
+    if set(map(str, backends)) - KNOWN_BACKEND_KEYS:
+        raise UsageError(f"{path}: unknown key(s) under 'backends': {', '.join(sorted(set(map(str, backends)) - KNOWN_BACKEND_KEYS))}")
+    for key in ("reference", "target"):
+        v = backends.get(key)
+        if v is not None and not isinstance(v, str):
+            raise UsageError(f"{path}: 'backends.{key}' must be a backend name, not {_shown(v)}")
+    options = _mapping(backends.get("options"), "backends.options", path)
     return PluginsConfig(
         path=path,
-        disable=[str(x) for x in plugins.get("disable") or []],
-        enable=[str(x) for x in plugins.get("enable") or []],
-        modules=[str(x) for x in plugins.get("modules") or []],
-        reference_backend=str(backends.get("reference", "cpu")),
+        disable=_names(plugins.get("disable"), "plugins.disable", path),
+        enable=_names(plugins.get("enable"), "plugins.enable", path),
+        modules=_names(plugins.get("modules"), "plugins.modules", path),
+        reference_backend=str(backends.get("reference") or "cpu"),
         target_backend=backends.get("target"),
-        backend_options={str(k): dict(v or {}) for k, v in (backends.get("options") or {}).items()},
+        backend_options={str(k): dict(_mapping(v, f"backends.options.{k}", path)) for k, v in options.items()},
         checkers=_component_list(data.get("checkers"), "checkers", path),
         reporters=_component_list(data.get("reporters"), "reporters", path),
     )
@@ -156,7 +189,10 @@ def load_config(explicit: str | os.PathLike[str] | None = None) -> PluginsConfig
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise UsageError(f"{path} is not valid YAML: {exc}".replace("\n", " ")) from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
+        raise UsageError(" ".join(f"{path} is not valid YAML: {exc}".split())) from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not a text file (not UTF-8); plugins.yaml must be YAML text - "
+                         f"fix or replace it") from None
+    except (OSError, RecursionError) as exc:
+        raise UsageError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
     return parse_config(data, path)

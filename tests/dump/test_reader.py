@@ -14,7 +14,7 @@ import torch
 
 import torchparity
 from torchparity.compare._testing import mlp_stack_dump
-from torchparity.dump.reader import damage
+from torchparity.dump.reader import damage, open_dump, read_unit
 from torchparity.errors import DumpError
 
 
@@ -166,44 +166,51 @@ def test_msprobe_pt_is_never_unpickled(tmp_path):
     torch.save({"not": os.system}, evil)  # a pickle that would reference os.system
     df = torchparity.load_dump(root)
     row = df[(df["name"] == "Functional.linear.0.forward") & (df["io"] == "output")].iloc[0]
-    with pytest.raises(DumpError):
+    with pytest.raises(DumpError) as err:
         row["tensor"].load()
+    msg = str(err.value)  # one line (torch.load's refusal runs to 8 lines)
+    assert "\n" not in msg and "never unpickles" in msg and evil.name in msg
 
 
 # ---- the compare frame (read_unit(..., compact=True)): built column by column, chunk by chunk ----
 
-def _edge_case_dump(root, n_plain: int = 0):
-    """A rank directory whose records exercise every corner of the flattening."""
+_T = {"io": "input", "arg": "0", "kind": "tensor", "dtype": "float32", "shape": [2, 3], "stride": [3, 1],
+      "device": "cpu", "requires_grad": True,
+      "stats": {"max": 1.0, "min": -1.0, "mean": 0.0, "norm": 2.0, "nan": 0, "inf": 0}}
+
+
+def _write_rank(root, recs, footer=True):
     rank = root / "step0" / "rank0"
     rank.mkdir(parents=True)
     (rank / "header.json").write_text(json.dumps({"format": "torchparity", "version": 1, "step": 0, "rank": 0}))
-    t = {"io": "input", "arg": "0", "kind": "tensor", "dtype": "float32", "shape": [2, 3], "stride": [3, 1],
-         "device": "cpu", "requires_grad": True,
-         "stats": {"max": 1.0, "min": -1.0, "mean": 0.0, "norm": 2.0, "nan": 0, "inf": 0}}
+    (rank / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    if footer:
+        (rank / "footer.json").write_text(json.dumps({"complete": True, "records": len(recs)}))
+    return root
+
+
+def _edge_case_dump(root, n_plain: int = 0):
+    """A rank directory whose (valid) records exercise every corner of the flattening."""
+    t = _T
     recs = [
         {"id": 0, "name": "A.0", "op": "aten.mm.default", "level": "aten", "phase": "forward", "module": "m",
          "call_index": 0, "fwd": None, "stack": 3, "tensors": [
-             t, dict(t, io="output", arg=0, shape=[], producer=[], md5="ab", file="tensors/x.safetensors", key="k"),
+             t, dict(t, io="output", arg="0", shape=[], producer=[], md5="ab", file="tensors/x.safetensors", key="k"),
              {"io": "input", "arg": "alpha", "kind": "scalar", "value": 0.5}]},
-        # no module (-> ""), no call_index (-> 0), NaN/Infinity as strings, stats missing, odd entries
+        # no module (-> ""), no call_index (-> 0), NaN/Infinity as strings, a tensor without statistics
         {"id": 1, "name": "A.1", "op": "aten.add.Tensor", "level": "aten", "phase": "backward", "fwd": 0,
-         "tensors": [dict(t, stats={"max": "Infinity", "min": "-Infinity", "mean": "NaN", "norm": None,
+         "tensors": [dict(t, stats={"max": "Infinity", "min": "-Infinity", "mean": "NaN", "norm": 1.5,
                                     "nan": 2, "inf": 1}, producer=[0, 1], requires_grad=None),
-                     dict(t, stats=None, shape=None), "not a tensor entry"]},
+                     {k: v for k, v in t.items() if k != "stats"}]},
         {"id": 2, "name": "A.2", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": None,
-         "tensors": {"not": "a list"}},
-        {"id": "3", "name": "A.3", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": "m",
-         "call_index": None, "tensors": [dict(t, stats={"max": "oops", "min": [1], "mean": True})]},
+         "tensors": []},
+        {"id": 3, "name": "A.3", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": "m",
+         "tensors": [{"io": "output", "arg": "0", "kind": "none"}]},
     ]
-    # values that cannot be dict keys where strings and shapes belong: read as they are
-    recs.append({"id": 4, "name": "A.4", "op": ["odd"], "level": "aten", "phase": "forward", "module": "m",
-                 "tensors": [dict(t, dtype={"odd": 1}, shape=[[2], 3])]})
-    recs += [{"id": 5 + i, "name": f"B.{i}", "op": "aten.neg.default", "level": "aten", "phase": "forward",
+    recs += [{"id": 4 + i, "name": f"B.{i}", "op": "aten.neg.default", "level": "aten", "phase": "forward",
               "module": "m.n", "call_index": i, "fwd": None, "stack": None, "tensors": [dict(t, arg=str(i % 3))]}
              for i in range(n_plain)]
-    (rank / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    (rank / "footer.json").write_text(json.dumps({"complete": True, "records": len(recs)}))
-    return root
+    return _write_rank(root, recs)
 
 
 def _same(a, b) -> bool:
@@ -230,7 +237,7 @@ def test_compare_frame_has_the_full_frames_values(tmp_path, n_plain):
     full = read_unit(unit, [])[COMPARE_COLUMNS]
     w: list[str] = []
     compact = read_unit(unit, w, compact=True)
-    assert w == [] and list(compact.columns) == COMPARE_COLUMNS and len(compact) == len(full) == 7 + n_plain
+    assert w == [] and list(compact.columns) == COMPARE_COLUMNS and len(compact) == len(full) == 6 + n_plain
     for c in COMPARE_COLUMNS:
         a_col, b_col = compact[c].tolist(), full[c].tolist()
         if c in ("fwd", "stack"):  # ids: object ints/None here, float64 with NaN from from_records
@@ -238,7 +245,7 @@ def test_compare_frame_has_the_full_frames_values(tmp_path, n_plain):
         for i, (a, b) in enumerate(zip(a_col, b_col)):
             assert _same(a, b), (c, i, a, b)
     assert compact["record_id"].tolist()[:6] == [0, 0, 0, 1, 1, 3]
-    assert compact["call_index"].tolist()[:6] == [0, 0, 0, 0, 0, -1]
+    assert compact["call_index"].tolist()[:6] == [0, 0, 0, 0, 0, 0]
     assert compact["module"].tolist()[3] == "" and compact["arg"].tolist()[1] == "0"
     assert compact["shape"].tolist()[:2] == [(2, 3), ()] and compact["producer"].tolist()[:4] == [None, None, None, (0, 1)]
     assert compact.loc[3, ["max", "min"]].tolist() == [float("inf"), float("-inf")]
@@ -246,7 +253,7 @@ def test_compare_frame_has_the_full_frames_values(tmp_path, n_plain):
     for c in ("name", "op", "phase", "module", "io", "arg", "kind", "dtype"):
         assert compact[c].dtype == object, c
     assert compact["tensor"].iloc[1].path == unit.path / "tensors" / "x.safetensors"
-    assert compact["op"].iloc[6] == ["odd"] and compact["shape"].iloc[6] == ([2], 3)
+    assert compact["kind"].iloc[5] == "none" and compact["shape"].iloc[5] is None
     if n_plain:  # equal strings and shapes are one shared object (after the chunk with the odd record)
         assert compact["op"].iloc[-1] is compact["op"].iloc[-2] and compact["shape"].iloc[-1] is compact["shape"].iloc[-2]
 
@@ -272,3 +279,183 @@ def test_bad_lines_in_several_chunks(tmp_path):
         assert f"3 corrupt line(s) skipped (line {', '.join(map(str, shifted))})" in text
         assert f"read {n - 4} records, the last line was truncated" in text
         assert df["record_id"].nunique() == n - 4
+
+
+# ---- values of the wrong type: reported as damage (file, line, what), the record never compared ----
+
+def _rec(i, **over):
+    r = {"id": i, "name": f"A.{i}", "op": "aten.neg.default", "level": "aten", "phase": "forward", "module": "m",
+         "call_index": i, "fwd": None, "stack": None, "tensors": [dict(_T), dict(_T, io="output")]}
+    r.update(over)
+    return r
+
+
+def _tensor(**over):
+    return [dict(_T, **over), dict(_T, io="output")]
+
+
+def _stats(**over):
+    return _tensor(stats=dict(_T["stats"], **over))
+
+
+BAD_VALUES = [
+    ({"tensors": _stats(max="oops")}, "stats.max is a string ('oops'), not a number"),
+    ({"tensors": _stats(max="1.5")}, "stats.max is a string ('1.5'), not a number"),
+    ({"tensors": _stats(min=[1])}, "stats.min is a list ([1]), not a number"),
+    ({"tensors": _stats(mean=True)}, "stats.mean is a boolean (True), not a number"),
+    ({"tensors": _stats(norm=None)}, "stats.norm is null (None), not a number"),
+    ({"tensors": _tensor(stats={"max": 1.0})}, "stats lacks min, mean, norm, nan, inf"),
+    ({"tensors": _tensor(stats="x")}, "stats is a string ('x'), not an object"),
+    ({"tensors": _tensor(stats=None)}, "stats is null"),
+    ({"tensors": ["oops", dict(_T, io="output")]}, "tensors[0] is a string ('oops'), not an object"),
+    ({"tensors": [7]}, "tensors[0] is an integer (7), not an object"),
+    ({"tensors": [{"a": 1}]}, "tensors[0] is a tensor without dtype"),
+    ({"tensors": "x"}, "tensors is a string, not a list"),
+    ({"tensors": _tensor(shape="x")}, "shape is a string ('x'), not a list or null"),
+    ({"tensors": _tensor(shape=[-2, 3])}, "shape has a bad value (-2, 3)"),
+    ({"tensors": _tensor(shape=[2.5, 3])}, "shape has a bad value (2.5, 3)"),
+    ({"tensors": _tensor(shape=[[2], 3])}, "shape has a bad value ([2], 3)"),
+    ({"tensors": _tensor(shape=None)}, "tensors[0] is a tensor without shape"),
+    ({"tensors": _tensor(stride="q")}, "stride is a string ('q')"),
+    ({"tensors": _tensor(stride=[1, None])}, "stride has a bad value (1, None)"),
+    ({"tensors": _tensor(kind="zzz")}, "kind has a bad value 'zzz'"),
+    ({"tensors": _tensor(io=5)}, "io is an integer (5), not a string"),
+    ({"tensors": _tensor(arg=0)}, "arg is an integer (0), not a string"),
+    ({"tensors": _tensor(dtype={"odd": 1})}, "dtype is an object"),
+    ({"tensors": _tensor(producer="x")}, "producer is 'x', not [record id, output index]"),
+    ({"tensors": _tensor(producer=[1, "a"])}, "producer is [1, 'a']"),
+    ({"tensors": _tensor(file="../../etc/passwd", key="k")}, "file has a bad value '../../etc/passwd'"),
+    ({"tensors": _tensor(file="/etc/passwd", key="k")}, "file has a bad value '/etc/passwd'"),
+    ({"op": ["a"]}, "op is a list (['a']), not a string"),
+    ({"op": ""}, "op has a bad value ''"),
+    ({"id": "x"}, "id is a string ('x'), not an integer"),
+    ({"id": -4}, "id has a bad value -4"),
+    ({"call_index": "x"}, "call_index is a string"),
+    ({"call_index": None}, "call_index is null"),
+    ({"name": 3}, "name is an integer"),
+    ({"phase": {"a": 1}}, "phase is an object"),
+    ({"fwd": "x"}, "fwd is a string"),
+]
+
+
+@pytest.mark.parametrize("compact", [True, False])
+@pytest.mark.parametrize("over, why", BAD_VALUES, ids=[w[:30] for _, w in BAD_VALUES])
+def test_wrong_values_are_damage(tmp_path, over, why, compact):
+    from torchparity.dump.reader import open_dump, read_unit
+
+    recs = [_rec(i) for i in range(5)]
+    recs[2] = _rec(2, **over)
+    root = _write_rank(tmp_path / "d", recs)
+    w: list[str] = []
+    df = read_unit(open_dump(root).unit(0, 0), w, compact=compact)
+    lost = damage(w)
+    assert len(lost) == 1 and len(w) == 1, w
+    assert lost[0].startswith("step0/rank0/records.jsonl: 1 record(s) with wrong values skipped (line 3: ")
+    assert why in lost[0] and "\n" not in lost[0]
+    assert sorted(df["record_id"].unique()) == [0, 1, 3, 4]  # the damaged record is never compared
+
+
+def test_wrong_values_many_lines_one_message(tmp_path):
+    from torchparity.dump.reader import open_dump, read_unit
+
+    recs = [_rec(i, tensors=_stats(max="oops")) if i % 100 == 7 else _rec(i) for i in range(1000)]
+    root = _write_rank(tmp_path / "d", recs)
+    w: list[str] = []
+    df = read_unit(open_dump(root).unit(0, 0), w, compact=True)
+    assert len(w) == 1 and "10 record(s) with wrong values skipped (line 8: " in w[0] and "line 108: " in w[0]
+    assert w[0].count("line ") == 3 and " ...); read 990 records" in w[0]
+    assert df["record_id"].nunique() == 990
+
+
+def run_cli(args, capsys):
+    from torchparity.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    cap = capsys.readouterr()
+    return int(exc.value.code or 0), cap.out + cap.err
+
+
+def test_compare_refuses_wrong_values(tmp_path, capsys):
+    """Issue 13 item 8: `"max": "oops"` was compared as a pass ("no divergence", exit 0)."""
+
+    recs = [_rec(i) for i in range(5)]
+    clean = _write_rank(tmp_path / "clean", recs)
+    recs[2] = _rec(2, tensors=_stats(max="oops"))
+    bad = _write_rank(tmp_path / "bad", recs)
+    with pytest.raises(DumpError, match=r"line 3: tensors entry 0: stats.max is a string \('oops'\)"):
+        torchparity.compare(bad, clean)
+    code, text = run_cli(["compare", str(bad), str(clean), "-o", str(tmp_path / "out")], capsys)
+    assert code == 2 and "stats.max is a string" in text and len(text.strip().splitlines()) == 1, text
+    partial = torchparity.compare(bad, clean, allow_partial=True)  # the rest is compared; record 2 is not
+    assert 2 not in set(partial.rows["device_record_id"].dropna().astype(int))
+
+
+# ---- metadata files of the wrong type or damaged: warnings/damage, never a traceback ----
+
+@pytest.mark.parametrize("version", [None, [1], "2", {"a": 1}])
+def test_root_meta_version_of_the_wrong_type(tmp_path, version):
+    root = _write_rank(tmp_path / "d", [_rec(i) for i in range(3)])
+    (root / "torchparity.json").write_text(json.dumps({"format": "torchparity-dump", "version": version}))
+    df = torchparity.load_dump(root)
+    assert df["record_id"].nunique() == 3
+    assert any("torchparity.json: 'version' is" in w and "not an integer" in w for w in df.attrs["warnings"])
+
+
+def test_stacks_lines_that_are_not_objects(tmp_path):
+    root = _write_rank(tmp_path / "d", [_rec(i) for i in range(3)])
+    (root / "step0" / "rank0" / "stacks.jsonl").write_text('[1]\n5\n"x"\n{"id": "a"}\n{"id": 2, "frames": 7}\n'
+                                                          '{"id": 3, "frames": ["a.py:1 in f"]}\n')
+    assert open_dump(root).stacks(0, 0) == {2: [], 3: ["a.py:1 in f"]}
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"complete": tr', "footer.json is unreadable"),
+    ("[1]", "footer.json holds a list, not an object"),
+    ('{"complete": true, "records": "x"}', "'records' is a string"),
+    ('{"complete": false, "records": 3}', "'complete' is False, not true"),
+    ('{"complete": false, "records": 3, "error": "internal error in the dump writer: File too large"}',
+     "the dump writer stopped with an error: internal error in the dump writer: File too large"),
+])
+def test_damaged_footer_is_reported(tmp_path, text, why):
+    root = _write_rank(tmp_path / "d", [_rec(i) for i in range(3)])
+    (root / "step0" / "rank0" / "footer.json").write_text(text)
+    w: list[str] = []
+    for compact in (True, False):
+        w = []
+        df = read_unit(open_dump(root).unit(0, 0), w, compact=compact)
+        assert df["record_id"].nunique() == 3
+        lost = damage(w)
+        assert len(lost) == 1 and why in lost[0] and "no footer" not in lost[0] and "\n" not in lost[0], w
+    with pytest.raises(DumpError, match="footer|writer"):
+        torchparity.compare(root, _write_rank(tmp_path / "clean", [_rec(i) for i in range(3)]))
+
+
+def test_info_shows_the_writer_error(tmp_path, capsys):
+    """`torchparity info` said "no footer" although footer.json held the writer's error."""
+    root = _write_rank(tmp_path / "d", [_rec(i) for i in range(3)])
+    (root / "step0" / "rank0" / "footer.json").write_text(json.dumps(
+        {"complete": False, "records": 3, "error": "internal error in the dump writer: File too large"}))
+    code, text = run_cli(["info", str(root)], capsys)
+    assert code == 0 and "no footer" not in text
+    assert "INCOMPLETE (the dump writer stopped with an error: internal error in the dump writer: File too large)" in text
+    (root / "step0" / "rank0" / "footer.json").write_text("{oops")
+    code, text = run_cli(["info", str(root)], capsys)
+    assert code == 0 and "INCOMPLETE (footer.json is damaged)" in text and "no footer" not in text
+
+
+@pytest.mark.parametrize("name", ["records.jsonl", "header.json", "footer.json", "stacks.jsonl", "other.txt"])
+def test_a_file_is_not_a_dump(tmp_path, capsys, name):
+    """A file given as the bench dump compared as "agree"; it is refused (one line, exit 2)."""
+    root = _write_rank(tmp_path / "d", [_rec(i) for i in range(3)])
+    f = root / "step0" / "rank0" / name
+    f.touch()
+    with pytest.raises(DumpError, match="is a file, not a dump"):
+        open_dump(f)
+    code, text = run_cli(["compare", str(root), str(f), "-o", str(tmp_path / "o")], capsys)
+    assert code == 2 and "is a file, not a dump" in text and len(text.strip().splitlines()) == 1, text
+
+
+def test_msprobe_dump_json_file_is_accepted(tmp_path):
+    root = _msprobe_dump(tmp_path / "ms")
+    assert open_dump(root / "step0" / "rank0" / "dump.json").format == "msprobe"

@@ -21,12 +21,23 @@ def describe_dump(path: str) -> dict[str, Any]:
         df = read_unit(u, warnings)
         header = reader.header(u.step, u.rank) if u.format == "torchparity" else {}
         footer = reader.footer(u.step, u.rank) if u.format == "torchparity" else None
-        backend = header.get("backend") or {}
+        backend = header.get("backend") if isinstance(header.get("backend"), dict) else {}
+        error = footer.get("error") if footer else None
+        if u.format != "torchparity":
+            state = None
+        elif error:
+            state = f"the dump writer stopped with an error: {' '.join(str(error).split())[:300]}"
+        elif footer is None:
+            state = ("footer.json is damaged" if (u.path / "footer.json").exists()
+                     else "no footer: the run stopped early")
+        else:
+            state = None if footer.get("complete") is True else "footer.json does not say complete"
         units.append({
             "step": u.step, "rank": u.rank,
             "records": int(df["record_id"].nunique()) if len(df) else 0,
             "tensors": int(len(df)),
-            "complete": bool(footer and footer.get("complete")) if u.format == "torchparity" else None,
+            "complete": (state is None) if u.format == "torchparity" else None,
+            "incomplete_because": state, "writer_error": str(error) if error else None,
             "level": header.get("level"), "mode": header.get("mode"),
             "device": backend.get("device_name") or backend.get("backend"),
             "emulated": bool(backend.get("emulation")),
@@ -55,7 +66,7 @@ def info(dump: str, as_json: bool) -> None:
         raise SystemExit(EXIT_OK)
     click.echo(f"{d['path']}  ({d['format']} dump, steps {', '.join(map(str, d['steps'])) or 'none'})")
     for u in d["units"]:
-        state = {True: "complete", False: "INCOMPLETE (no footer: the run stopped early)", None: ""}[u["complete"]]
+        state = {True: "complete", False: f"INCOMPLETE ({u['incomplete_because']})", None: ""}[u["complete"]]
         dev = f"{u['device']}{' [EMULATED]' if u['emulated'] else ''}" if u["device"] else ""
         lvl = f"{u['level']}/{u['mode']}" if u["level"] else ""
         click.echo(f"  step {u['step']} rank {u['rank']}: {u['records']} records, {u['tensors']} tensor entries"

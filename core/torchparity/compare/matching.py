@@ -28,7 +28,10 @@ REC_KEYS = ["phase", "mkey", "op"]
 
 
 def load_layer_mapping(mapping: str | Path | Mapping[str, str] | None) -> dict[str, str]:
-    """A layer mapping from a YAML file or a dict (device module name -> bench module name)."""
+    """A layer mapping from a YAML file or a dict (device module name -> bench module name).
+
+    Names are strings (numbers are read as their text); anything else, a file that is not UTF-8
+    text or not YAML, is a one-line :class:`UsageError` naming the file."""
     if mapping is None:
         return {}
     if isinstance(mapping, Mapping):
@@ -41,17 +44,27 @@ def load_layer_mapping(mapping: str | Path | Mapping[str, str] | None) -> dict[s
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise UsageError(f"layer mapping {p} is not valid YAML: {exc}".replace("\n", " ")) from None
+        raise UsageError(" ".join(f"layer mapping {p} is not valid YAML: {exc}".split())) from None
+    except (UnicodeDecodeError, ValueError):
+        raise UsageError(f"layer mapping {p} is not a UTF-8 text file; write 'device_name: bench_name' lines") from None
+    except (OSError, RecursionError) as exc:
+        raise UsageError(f"cannot read layer mapping {p}: {type(exc).__name__}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise UsageError(f"layer mapping {p} must be a mapping of 'device_name: bench_name' lines")
+
+    def name(v: object) -> str:
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)) or v == "":
+            raise UsageError(f"layer mapping {p}: {v!r:.40} is not a module name; write 'device_name: bench_name' lines")
+        return str(v)
+
     flat: dict[str, str] = {}
     for k, v in data.items():  # allow one level of grouping (msprobe-style sections)
         if isinstance(v, dict):
-            flat.update({str(a): str(b) for a, b in v.items()})
+            flat.update({name(a): name(b) for a, b in v.items()})
         else:
-            flat[str(k)] = str(v)
+            flat[name(k)] = name(v)
     return flat
 
 

@@ -163,16 +163,25 @@ def read_msprobe_stacks(unit_dir: Path) -> tuple[dict[int, list[str]], dict[str,
     return stacks, by_name
 
 
-def _read_construct(unit_dir: Path, warnings: list[str], rel: str) -> dict[str, Any]:
+def _read_construct(unit_dir: Path, warnings: list[str], rel: str, needed: bool = True) -> dict[str, Any]:
+    """construct.json (API record -> parent module record). ``needed``: dump.json holds API
+    records, whose module path is lost without it (reported as damage)."""
     path = unit_dir / "construct.json"
+    why = None
+    obj: Any = {}
     if not path.is_file():
-        return {}
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-        return obj if isinstance(obj, dict) else {}
-    except (OSError, json.JSONDecodeError) as exc:
-        warnings.append(f"{rel}/construct.json is unreadable ({exc}); API records get no module path")
-        return {}
+        why = "is missing"
+    else:
+        try:
+            obj = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+            if not isinstance(obj, dict):
+                why, obj = f"holds {type(obj).__name__}, not an object", {}
+        except (OSError, ValueError, RecursionError) as exc:
+            why = f"is unreadable ({type(exc).__name__})"
+    if why and needed:
+        warnings.append(Damage(f"{rel}/construct.json {why}: API records get no module path and may pair "
+                               f"with the wrong calls - copy the whole msprobe dump directory"))
+    return obj
 
 
 def _stat(v: Any) -> float:
@@ -208,13 +217,18 @@ def read_msprobe_unit(u: DumpUnit, warnings: list[str]) -> Any:
     _, data = read_dump_json(u.path / "dump.json", rel, warnings)
     if not data:
         return empty_frame()
-    construct = _read_construct(u.path, warnings, rel)
+    construct = _read_construct(u.path, warnings, rel, needed=any(not str(n).startswith("Module.") for n in data))
     _, stack_of = read_msprobe_stacks(u.path)
     tensor_dir = u.path / "dump_tensor_data"
     names = list(data)
     rid = {n: i for i, n in enumerate(names)}
     rows: list[tuple[Any, ...]] = []
     missing_files = 0
+    not_objects = [n for n in names if not isinstance(data[n], dict)]
+    if not_objects:
+        warnings.append(Damage(f"{rel}/dump.json: {len(not_objects)} entr(y/ies) are not objects and were skipped "
+                               f"({', '.join(map(str, not_objects[:3]))}{' ...' if len(not_objects) > 3 else ''}); "
+                               f"the file was altered or damaged - re-run the dump"))
     for i, name in enumerate(names):
         entry = data[name]
         if not isinstance(entry, dict):
@@ -252,7 +266,7 @@ def read_msprobe_unit(u: DumpUnit, warnings: list[str]) -> Any:
                     arg = arg[:-2]
                 if t is None:
                     rows.append(head + (io, arg or "0", "none") + (None,) * 5 + (math.nan,) * 6
-                                + (None,) * 6 + (None,))
+                                + (None,) * 5 + (None,))
                     continue
                 typ = str(t.get("type", ""))
                 is_tensor = "Tensor" in typ or ("dtype" in t and "shape" in t)

@@ -14,34 +14,19 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import operator
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import DumpError
+from .columns import (  # noqa: F401 - re-exported: the reader's public names
+    COLUMNS, COMPARE_COLUMNS, RECORD_COLUMNS, STAT_COLUMNS, TENSOR_COLUMNS, RecordColumns, empty_frame,
+)
+from .tensors import PtRef, TensorLoader, TensorRef  # noqa: F401 - re-exported
 
 log = logging.getLogger("torchparity")
 
-RECORD_COLUMNS = [
-    "record_id", "name", "op", "level", "phase", "module", "module_class", "call_index", "step",
-    "rank", "fwd", "stack", "flags",
-]
-TENSOR_COLUMNS = [
-    "io", "arg", "kind", "dtype", "shape", "stride", "device", "requires_grad", "max", "min",
-    "mean", "norm", "nan", "inf", "md5", "value", "file", "key", "producer",
-]
-COLUMNS = RECORD_COLUMNS + TENSOR_COLUMNS + ["tensor"]
-#: the columns ``torchparity.compare`` reads (``read_unit(..., compact=True)``): building only
-#: these makes reading a big statistics dump ~25 % faster
-COMPARE_COLUMNS = [
-    "record_id", "name", "op", "level", "phase", "module", "call_index", "fwd", "stack", "io", "arg", "kind",
-    "dtype", "shape", "requires_grad", "max", "min", "mean", "norm", "nan", "inf", "md5", "value", "producer",
-    "tensor",
-]
-STAT_COLUMNS = ("max", "min", "mean", "norm", "nan", "inf")
 _STEP_RE = re.compile(r"^step(\d+)$")
 _RANK_RE = re.compile(r"^rank(\d+)$")
 _PROC_RE = re.compile(r"^proc(\d+)$")
@@ -58,104 +43,6 @@ class Damage(str):
 def damage(warnings: Iterable[str]) -> list[str]:
     """The warnings that report lost data."""
     return [w for w in warnings if isinstance(w, Damage)]
-
-
-# ----------------------------------------------------------------------------------------------
-# lazy tensor handles
-# ----------------------------------------------------------------------------------------------
-
-
-class TensorRef:
-    """A lazy reference to one saved tensor. ``load()`` reads it; nothing is read before."""
-
-    __slots__ = ("path", "key")
-
-    def __init__(self, path: Path, key: str | None) -> None:
-        self.path = path
-        self.key = key
-
-    def exists(self) -> bool:
-        return self.path.is_file()
-
-    def load(self) -> Any:
-        """Return the tensor (a ``torch.Tensor``). Raises :class:`DumpError` when unreadable."""
-        if not self.path.is_file():
-            raise DumpError(
-                f"tensor file {self.path} is missing; the dump is incomplete (copied partially or "
-                f"the process died) - re-run the dump, or compare in statistics mode"
-            )
-        try:
-            return self._read()
-        except DumpError:
-            raise
-        except Exception as exc:  # corrupt file, missing key, unsupported content
-            raise DumpError(
-                f"tensor '{self.key}' in {self.path} cannot be read ({type(exc).__name__}: {exc}); "
-                f"the file is corrupt - re-run the dump, or compare in statistics mode"
-            ) from None
-
-    def _read(self) -> Any:
-        from safetensors import safe_open
-
-        with safe_open(str(self.path), framework="pt") as f:
-            return f.get_tensor(self.key)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self.path)!r}, {self.key!r})"
-
-
-class TensorLoader:
-    """Loads many :class:`TensorRef` s, opening each safetensors file once (a small LRU of open
-    files). Use as a context manager; ``load(ref)`` raises :class:`DumpError` like ``ref.load()``."""
-
-    def __init__(self, max_open: int = 16) -> None:
-        self.max_open = max_open
-        self._open: dict[Path, Any] = {}
-
-    def load(self, ref: TensorRef) -> Any:
-        if type(ref) is not TensorRef:  # msprobe .pt files and other kinds: one file per tensor
-            return ref.load()
-        f = self._open.get(ref.path)
-        if f is None:
-            if not ref.path.is_file():
-                return ref.load()  # the missing-file message
-            try:
-                from safetensors import safe_open
-
-                f = safe_open(str(ref.path), framework="pt")
-            except Exception:
-                return ref.load()  # the corrupt-file message
-            if len(self._open) >= self.max_open:
-                self._open.pop(next(iter(self._open)))
-            self._open[ref.path] = f
-        try:
-            return f.get_tensor(ref.key)
-        except Exception as exc:
-            raise DumpError(
-                f"tensor '{ref.key}' in {ref.path} cannot be read ({type(exc).__name__}: {exc}); "
-                f"the file is corrupt - re-run the dump, or compare in statistics mode"
-            ) from None
-
-    def close(self) -> None:
-        self._open.clear()
-
-    def __enter__(self) -> "TensorLoader":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-class PtRef(TensorRef):
-    """An msprobe ``.pt`` tensor, read with ``torch.load(weights_only=True)`` (never unpickled)."""
-
-    def _read(self) -> Any:
-        import torch
-
-        obj = torch.load(str(self.path), map_location="cpu", weights_only=True)
-        if not isinstance(obj, torch.Tensor):
-            raise DumpError(f"{self.path} does not hold a tensor but a {type(obj).__name__}")
-        return obj
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,14 +108,18 @@ class DumpReader:
 
                 self._headers[key] = read_msprobe_header(u.path)
             else:
-                self._headers[key] = _read_json_file(u.path / "header.json", []) or {}
+                hdr = _read_json_file(u.path / "header.json", [])
+                self._headers[key] = hdr if isinstance(hdr, dict) else {}
         return self._headers[key]
 
     def footer(self, step: int, rank: int) -> dict[str, Any] | None:
+        """footer.json of a rank directory; None when missing or damaged (:func:`footer_problems`
+        says which)."""
         u = self.unit(step, rank)
         if u.format != "torchparity":
             return None
-        return _read_json_file(u.path / "footer.json", [])
+        footer = _read_json_file(u.path / "footer.json", [])
+        return footer if isinstance(footer, dict) else None
 
     def stacks(self, step: int, rank: int) -> dict[int, list[str]]:
         """Call stacks by id (``stacks.jsonl`` / msprobe ``stack.json``)."""
@@ -239,10 +130,10 @@ class DumpReader:
             return read_msprobe_stacks(u.path)[0]
         out: dict[int, list[str]] = {}
         for obj in _iter_jsonl(u.path / "stacks.jsonl", []):
-            try:
-                out[int(obj["id"])] = list(obj.get("frames") or [])
-            except (KeyError, TypeError, ValueError):
-                continue
+            if not isinstance(obj, dict) or type(obj.get("id")) is not int:
+                continue  # a damaged line: the ops that point at it show no call stack
+            frames = obj.get("frames")
+            out[obj["id"]] = [str(f) for f in frames] if isinstance(frames, list) else []
         return out
 
     def modules(self, step: int, rank: int) -> list[dict[str, Any]]:
@@ -269,13 +160,16 @@ class DumpReader:
         return df
 
 
-def _read_json_file(path: Path, warnings: list[str]) -> Any:
+def _read_json_file(path: Path, warnings: list[str], what: str | None = None) -> Any:
+    """The JSON value in ``path``; None (and a warning naming ``what``, default the path) when
+    the file is missing or unreadable."""
     if not path.is_file():
         return None
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        warnings.append(f"{path} is unreadable ({type(exc).__name__}: {exc}); ignored it")
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        why = str(exc).splitlines()[0] if str(exc) else ""
+        warnings.append(f"{what or path} is unreadable ({type(exc).__name__}: {why:.120}); ignored it")
         return None
 
 
@@ -351,20 +245,23 @@ def open_dump(path: str | Path) -> DumpReader:
             f"torchparity.dump(DIR) (or an msprobe dump_path)"
         )
     warnings: list[str] = []
-    if p.is_file():
-        if p.name in ("dump.json", "records.jsonl", "header.json"):
-            p = p.parent
+    if not p.is_dir():
+        if p.name == "dump.json" and p.is_file() and not _is_tp_unit(p.parent):
+            p = p.parent  # an msprobe dump.json: its rank directory
         else:
-            raise DumpError(f"{p} is a file, not a dump; pass the dump directory (or an msprobe dump.json)")
+            raise DumpError(f"{p} is a file, not a dump; pass the dump directory"
+                            + (f" ({p.parent.parent.parent} or {p.parent})" if p.name in _DUMP_FILES else "")
+                            + " (or an msprobe dump.json)")
     units: list[DumpUnit] = []
     if _is_tp_unit(p) or _is_ms_unit(p):
         fmt = "torchparity" if _is_tp_unit(p) else "msprobe"
         rank = _num(p.name) if _RANK_RE.match(p.name) else 0
         step = _num(p.parent.name) if _STEP_RE.match(p.parent.name) else 0
         if fmt == "torchparity":
-            hdr = _read_json_file(p / "header.json", warnings) or {}
-            step = int(hdr.get("step", step or 0)) if isinstance(hdr, dict) else step
-            rank = int(hdr.get("rank", rank or 0)) if isinstance(hdr, dict) else rank
+            hdr = _read_json_file(p / "header.json", [])
+            if isinstance(hdr, dict):
+                step = hdr["step"] if _nonneg_int(hdr.get("step")) else step
+                rank = hdr["rank"] if _nonneg_int(hdr.get("rank")) else rank
         units.append(DumpUnit(step or 0, rank or 0, p, fmt))
     elif any(_unit_dirs_safe(p)):
         step = _num(p.name) if _STEP_RE.match(p.name) else 0
@@ -386,13 +283,33 @@ def open_dump(path: str | Path) -> DumpReader:
         warnings.append(f"{p} mixes torchparity and msprobe rank directories; reading both")
     fmt = "torchparity" if "torchparity" in formats else "msprobe"
     if fmt == "torchparity":
-        root_meta = _read_json_file(p / "torchparity.json", warnings)
-        if isinstance(root_meta, dict) and int(root_meta.get("version", 1)) > 1:
-            warnings.append(
-                f"{p} was written by a newer torchparity (dump format version {root_meta.get('version')}); "
-                f"this reader knows version 1 - upgrade torchparity if columns are missing"
-            )
+        warnings.extend(_root_meta_problems(p / "torchparity.json"))
     return DumpReader(p, fmt, units, warnings)
+
+
+_DUMP_FILES = ("records.jsonl", "header.json", "footer.json", "stacks.jsonl", "modules.jsonl")
+
+
+def _nonneg_int(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _root_meta_problems(path: Path) -> list[str]:
+    """Warnings about the dump root's ``torchparity.json`` (format name and version)."""
+    out: list[str] = []
+    meta = _read_json_file(path, out, what=str(path))
+    if meta is None:
+        return out
+    if not isinstance(meta, dict):
+        return [f"{path} holds {_kind(meta)}, not an object; it is damaged - read the dump as format version 1"]
+    version = meta.get("version", 1)
+    if type(version) is not int:
+        out.append(f"{path}: 'version' is {_kind(version)} ({version!r:.40}), not an integer; the file is "
+                   f"damaged - read the dump as format version 1")
+    elif version > 1:
+        out.append(f"{path.parent} was written by a newer torchparity (dump format version {version}); "
+                   f"this reader knows version 1 - upgrade torchparity if columns are missing")
+    return out
 
 
 def _unit_dirs_safe(p: Path) -> list[Path]:
@@ -405,12 +322,6 @@ def _unit_dirs_safe(p: Path) -> list[Path]:
 # ----------------------------------------------------------------------------------------------
 # torchparity records.jsonl -> rows
 # ----------------------------------------------------------------------------------------------
-
-
-def empty_frame() -> Any:
-    import pandas as pd
-
-    return pd.DataFrame({c: pd.Series(dtype="object") for c in COLUMNS})
 
 
 try:  # orjson parses records.jsonl 3-5x faster than the standard library (same strict JSON)
@@ -445,9 +356,11 @@ def _parse_clean(lines: list[bytes]) -> list[dict[str, Any]] | None:
     return None
 
 
-def _scan_records(path: Path, rel: str, warnings: list[str], sink: Callable[[list[dict[str, Any]]], None]) -> int:
-    """Parse records.jsonl chunk by chunk, handing each chunk of good records to ``sink`` (in
-    file order); bad lines are skipped and reported in ``warnings``. Returns the records read."""
+def _scan_records(path: Path, rel: str, warnings: list[str],
+                  sink: Callable[[list[dict[str, Any]], Sequence[int]], None]) -> int:
+    """Parse records.jsonl chunk by chunk, handing each chunk of good records and their 1-based
+    line numbers to ``sink`` (in file order); bad lines are skipped and reported in ``warnings``.
+    Returns the records read."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -466,8 +379,10 @@ def _scan_records(path: Path, rel: str, warnings: list[str], sink: Callable[[lis
     for start in range(0, n, CHUNK_LINES):
         chunk = lines[start:start + CHUNK_LINES]
         records = _parse_clean(chunk)
+        numbers: Sequence[int] = range(start + 1, start + 1 + len(chunk))
         if records is None:  # line by line: keep every good line, note the bad ones
             records = []
+            numbers = []
             for i, line in enumerate(chunk, start):
                 if not line.strip():
                     continue
@@ -476,13 +391,14 @@ def _scan_records(path: Path, rel: str, warnings: list[str], sink: Callable[[lis
                     if not isinstance(obj, dict) or "tensors" not in obj and "id" not in obj:
                         raise ValueError("not a record")
                     records.append(obj)
-                except (ValueError, UnicodeDecodeError):
+                    numbers.append(i + 1)
+                except (ValueError, UnicodeDecodeError, RecursionError):
                     if i == n - 1 and not ends_with_newline:
                         truncated = True
                     else:
                         bad.append(i + 1)
         count += len(records)
-        sink(records)
+        sink(records, numbers)
     if truncated:
         warnings.append(Damage(
             f"{rel}/records.jsonl: read {count} records, the last line was truncated: the "
@@ -497,11 +413,6 @@ def _scan_records(path: Path, rel: str, warnings: list[str], sink: Callable[[lis
     return count
 
 
-def _read_records(path: Path, rel: str, warnings: list[str]) -> list[dict[str, Any]]:
-    """Parse records.jsonl, keeping every good line and reporting bad ones."""
-    records: list[dict[str, Any]] = []
-    _scan_records(path, rel, warnings, records.extend)
-    return records
 
 
 def read_unit(u: DumpUnit, warnings: list[str], compact: bool = False) -> Any:
@@ -515,295 +426,95 @@ def read_unit(u: DumpUnit, warnings: list[str], compact: bool = False) -> Any:
 
 
 def read_torchparity_unit(u: DumpUnit, warnings: list[str], compact: bool = False) -> Any:
+    """Rows of one torchparity rank directory; every problem found goes to ``warnings``."""
     rel = f"step{u.step}/rank{u.rank}"
     rec_path = u.path / "records.jsonl"
     if not (u.path / "header.json").is_file():
         warnings.append(f"{rel}: header.json is missing; environment checks are skipped for this rank")
-    elif _read_json_file(u.path / "header.json", warnings) is None:
-        pass  # warning added
+    else:
+        header = _read_json_file(u.path / "header.json", warnings, what=f"{rel}/header.json")
+        if header is not None and not isinstance(header, dict):
+            warnings.append(f"{rel}/header.json holds {type(header).__name__}, not an object; ignored it "
+                            f"(environment checks are skipped for this rank)")
     if not rec_path.is_file():
         warnings.append(Damage(f"{rel}: records.jsonl is missing: the rank wrote no records (dump stopped before the first flush?)"))
         return empty_frame()
-    if compact:  # flattened chunk by chunk while the parsed dicts are fresh in the CPU cache
-        cols = _CompareColumns()
-        n_records = _scan_records(rec_path, rel, warnings, cols.add)
-    else:
-        records = _read_records(rec_path, rel, warnings)
-        n_records = len(records)
-    footer = _read_json_file(u.path / "footer.json", warnings)
-    if footer is None:
-        warnings.append(Damage(
+    # flattened chunk by chunk while the parsed dicts are fresh in the CPU cache
+    cols = RecordColumns(full=not compact, step=u.step, rank=u.rank)
+    n_records = _scan_records(rec_path, rel, warnings, cols.add)
+    warnings.extend(footer_problems(u.path, rel, n_records))
+    return cols.frame(u.path, warnings, f"{rel}/records.jsonl")
+
+
+def footer_problems(rank_dir: Path, rel: str, n_records: int) -> list[str]:
+    """What ``footer.json`` says about a rank directory whose records.jsonl held ``n_records``
+    records: missing (the run stopped early), damaged, a writer error, a count mismatch, or a
+    tensor budget exhausted. Lost data is reported as :class:`Damage`."""
+    path = rank_dir / "footer.json"
+    out: list[str] = []
+    if not path.is_file():
+        return [Damage(
             f"{rel}: no footer.json, the dump was not closed cleanly (process killed or crashed); "
             f"read {n_records} records, anything after the last flush is lost"
+        )]
+    errs: list[str] = []
+    footer = _read_json_file(path, errs, what=f"{rel}/footer.json")
+    if errs or not isinstance(footer, dict):
+        why = errs[0] if errs else f"{rel}/footer.json holds {_kind(footer)}, not an object"
+        return [Damage(f"{why}; footer.json is damaged, so whether the dump was complete is unknown "
+                       f"(read {n_records} records) - re-run the dump")]
+    error = footer.get("error")
+    if error:
+        out.append(Damage(
+            f"{rel}: the dump writer stopped with an error: {_one_line(error)}; the {n_records} records "
+            f"written before it were read, the rest of the run is not in the dump"
         ))
-    elif isinstance(footer, dict):
-        expected = footer.get("records")
-        if isinstance(expected, int) and expected != n_records:
-            warnings.append(Damage(f"{rel}: footer.json says {expected} records but {n_records} were read; the file was altered or damaged"))
-        if footer.get("budget_exhausted") or footer.get("dropped_tensors"):
-            warnings.append(
-                f"{rel}: the tensor budget was exhausted, {footer.get('dropped_tensors', '?')} tensors were "
-                f"not saved (their rows have statistics only); raise the budget to save them"
-            )
-    if compact:
-        return cols.frame(u.path)
-    return records_to_frame(records, u.path, u.step, u.rank)
-
-
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def records_to_frame(records: list[dict[str, Any]], base: Path, step: int, rank: int) -> Any:
-    """Flatten record dicts (the records.jsonl schema) into the reader's DataFrame."""
-    rows: list[tuple[Any, ...]] = []
-    append = rows.append
-    refs: dict[str, Path] = {}
-    for r in records:
-        tensors = r.get("tensors") or []
-        if not isinstance(tensors, list):
-            continue
-        head = (
-            r.get("id"), r.get("name"), r.get("op"), r.get("level"), r.get("phase"), r.get("module") or "",
-            r.get("module_class"), r.get("call_index", 0), r.get("step", step), r.get("rank", rank),
-            r.get("fwd"), r.get("stack"), r.get("flags"),
+    expected = footer.get("records")
+    if "records" in footer and (type(expected) is not int or expected < 0):
+        out.append(Damage(f"{rel}/footer.json: 'records' is {_kind(expected)} ({expected!r:.40}), not a count; "
+                          f"footer.json is damaged - re-run the dump"))
+    elif type(expected) is int and expected != n_records:
+        out.append(Damage(f"{rel}: footer.json says {expected} records but {n_records} were read; the file was altered or damaged"))
+    complete = footer.get("complete", True)
+    if complete is not True and not error:
+        out.append(Damage(f"{rel}/footer.json: 'complete' is {complete!r:.40}, not true: the dump was not "
+                          f"closed cleanly or footer.json is damaged; read {n_records} records"))
+    dropped = footer.get("dropped_tensors")
+    if footer.get("budget_exhausted") or dropped:
+        out.append(
+            f"{rel}: the tensor budget was exhausted, {dropped if type(dropped) is int else '?'} tensors were "
+            f"not saved (their rows have statistics only); raise the budget to save them"
         )
-        for t in tensors:
-            if not isinstance(t, dict):
-                continue
-            st = t.get("stats") or {}
-            f = t.get("file")
-            ref = None
-            if f:
-                fp = refs.get(f)
-                if fp is None:
-                    fp = refs[f] = base / f
-                ref = TensorRef(fp, t.get("key"))
-            prod = t.get("producer")
-            shape = t.get("shape")
-            stride = t.get("stride")
-            append(head + (
-                t.get("io"), str(t.get("arg")), t.get("kind", "tensor"), t.get("dtype"),
-                tuple(shape) if shape is not None else None, tuple(stride) if stride is not None else None,
-                t.get("device"), t.get("requires_grad"), st.get("max"), st.get("min"), st.get("mean"),
-                st.get("norm"), st.get("nan"), st.get("inf"), t.get("md5"), t.get("value"), f, t.get("key"),
-                tuple(prod) if prod else None, ref,
-            ))
-    if not rows:
-        return empty_frame()
-    return _typed_frame(rows, COLUMNS)
-
-
-def records_to_compare_frame(records: list[dict[str, Any]], base: Path, step: int, rank: int) -> Any:
-    """Like :func:`records_to_frame`, with :data:`COMPARE_COLUMNS` only and built column by column:
-    the same values, with text columns kept as ``object`` (see :class:`_CompareColumns`)."""
-    cols = _CompareColumns()
-    for i in range(0, len(records), CHUNK_LINES):
-        cols.add(records[i:i + CHUNK_LINES])
-    return cols.frame(base)
-
-
-_STAT_VALUES = operator.itemgetter(*STAT_COLUMNS)
-_NO_STATS = (None,) * len(STAT_COLUMNS)
-
-
-def _stat_arrays(stats: list[tuple[Any, ...]]) -> dict[str, Any]:
-    """float64 columns of the statistics tuples (in :data:`STAT_COLUMNS` order)."""
-    import numpy as np
-
-    try:
-        a = np.array(stats, dtype="float64")
-        if a.shape == (len(stats), len(STAT_COLUMNS)):
-            return {c: a[:, k].copy() for k, c in enumerate(STAT_COLUMNS)}
-    except (TypeError, ValueError, OverflowError):  # NaN/Infinity strings, odd values: per column
-        pass
-    return {c: _floats(list(v)) for c, v in zip(STAT_COLUMNS, zip(*stats))}
-
-
-def _as_is(value: Any, default: Any) -> Any:
-    """``dict.setdefault``'s signature, sharing nothing (for values that cannot be dict keys)."""
-    return value
-
-
-def _floats(values: list[Any]) -> Any:
-    """float64 of JSON statistics: numbers, None (NaN) and the NaN/Infinity strings of writers
-    that cannot write those literals; anything else is NaN."""
-    import numpy as np
-
-    try:
-        return np.array(values, dtype="float64")
-    except (TypeError, ValueError, OverflowError):  # other strings, lists, huge ints: one by one
-        pass
-    out = np.empty(len(values), dtype="float64")
-    for i, v in enumerate(values):
-        if isinstance(v, str):
-            out[i] = _NONFINITE.get(v, math.nan)
-        elif isinstance(v, (int, float)):
-            try:
-                out[i] = float(v)
-            except OverflowError:
-                out[i] = math.inf if v > 0 else -math.inf
-        else:
-            out[i] = math.nan
     return out
 
 
-def _ints(values: list[Any]) -> Any:
-    """int64 ids and counters (as ``pd.to_numeric``); anything that is not a number is -1."""
-    import numpy as np
-
-    if all(type(v) is int for v in values):
-        try:
-            return np.array(values, dtype="int64")
-        except OverflowError:
-            pass
-    import pandas as pd
-
-    return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").fillna(-1).astype("int64").to_numpy()
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
 
 
-def _objects(values: list[Any]) -> Any:
-    """An object ndarray holding ``values`` as they are (tuples stay one element each)."""
-    import numpy as np
-
-    return np.fromiter(values, dtype=object, count=len(values))
+def _one_line(v: Any, limit: int = 300) -> str:
+    s = " ".join(str(v).split())
+    return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
-class _CompareColumns:
-    """Accumulates the compare frame (:data:`COMPARE_COLUMNS`) of record dicts, chunk by chunk.
-
-    One pass over each chunk appends every field to its column list (no per-row tuple, no
-    ``DataFrame.from_records`` type inference); record fields are read once per record and
-    spread over its tensor rows at the end. Text columns are plain ``object`` columns: pandas
-    >= 3 would otherwise infer its ``str`` dtype, whose comparisons and factorizations cost
-    several times more in the compare.
-
-    Equal values of the few-valued columns (op, level, phase, module, io, arg, kind, dtype,
-    shape) share one object: every later comparison, ``isna`` or factorization of 200k rows then
-    reads a handful of objects that stay in the CPU cache instead of one scattered object per
-    row (about 10x faster each). Values are shared by equality, so JSON numbers of equal value
-    share the first one seen (``1`` for a later ``1.0``) in the text columns, where the schema
-    has strings, and in shapes; ``arg`` shares strings only (its non-strings become text)."""
-
-    def __init__(self) -> None:
-        self.heads: list[list[Any]] = [[] for _ in range(9)]
-        self.cols: list[list[Any]] = [[] for _ in range(13)]
-        self.n_records = 0
-        self._shared: dict[Any, Any] = {}
-        self._shapes: dict[Any, Any] = {}
-
-    def add(self, records: list[dict[str, Any]]) -> None:
-        lengths = [len(c) for c in self.heads + self.cols]
-        try:
-            self._add(records, self._shared.setdefault, self._shapes.setdefault)
-        except TypeError:  # an unhashable value where a string or shape belongs: share nothing here
-            for c, n in zip(self.heads + self.cols, lengths):
-                del c[n:]
-            self._add(records, _as_is, _as_is)
-        self.n_records += len(records)
-
-    def _add(self, records: list[dict[str, Any]], share: Callable[[Any, Any], Any],
-             share_shape: Callable[[Any, Any], Any]) -> None:
-        h_id, h_name, h_op, h_level, h_phase, h_module, h_ci, h_fwd, h_stack = (c.append for c in self.heads)
-        (c_rec, c_io, c_arg, c_kind, c_dtype, c_shape, c_rg, c_stats, c_md5, c_value, c_prod, c_file,
-         c_key) = (c.append for c in self.cols)
-        stat_values = _STAT_VALUES
-        for i, r in enumerate(records, self.n_records):
-            g = r.get
-            h_id(g("id")), h_name(g("name")), h_ci(g("call_index", 0)), h_fwd(g("fwd")), h_stack(g("stack"))
-            v = g("op")
-            h_op(share(v, v))
-            v = g("level")
-            h_level(share(v, v))
-            v = g("phase")
-            h_phase(share(v, v))
-            v = g("module") or ""
-            h_module(share(v, v))
-            tensors = g("tensors")
-            if type(tensors) is not list:
-                continue
-            for t in tensors:
-                if type(t) is not dict:
-                    continue
-                g = t.get
-                c_rec(i)
-                v = g("io")
-                c_io(share(v, v))
-                v = g("arg")
-                c_arg(share(v, v) if type(v) is str else v)
-                v = g("kind", "tensor")
-                c_kind(share(v, v))
-                v = g("dtype")
-                c_dtype(share(v, v))
-                v = g("shape")
-                if type(v) is list:
-                    v = tuple(v)
-                    v = share_shape(v, v)
-                c_shape(v)
-                c_rg(g("requires_grad"))
-                st = g("stats")
-                if type(st) is dict:
-                    try:
-                        c_stats(stat_values(st))
-                    except KeyError:  # some statistics missing: None for them
-                        c_stats(tuple(map(st.get, STAT_COLUMNS)))
-                else:
-                    c_stats(_NO_STATS)
-                c_md5(g("md5")), c_value(g("value")), c_prod(g("producer")), c_file(g("file")), c_key(g("key"))
-
-    def frame(self, base: Path) -> Any:
-        """The DataFrame (tensor handles relative to the rank directory ``base``)."""
-        import numpy as np
-        import pandas as pd
-
-        heads = self.heads
-        rec, io, arg, kind, dtype, shape, rg, stats, md5, value, prod, files, keys = self.cols
-        n = len(rec)
-        if not n:
-            return empty_frame()[COMPARE_COLUMNS]
-        at = np.array(rec, dtype=np.intp)
-        if not all(type(a) is str for a in arg):
-            arg = [str(a) for a in arg]
-        shape = [tuple(v) if type(v) is list else v for v in shape] if list in set(map(type, shape)) else shape
-        prod = [tuple(v) if type(v) is list and v else None for v in prod]
-        tensor: list[Any] = [None] * n
-        if any(files):
-            refs: dict[str, Path] = {}
-            for j, f in enumerate(files):
-                if f:
-                    fp = refs.get(f)
-                    if fp is None:
-                        fp = refs[f] = base / f
-                    tensor[j] = TensorRef(fp, keys[j])
-        data = {
-            "record_id": _ints(heads[0])[at], "name": _objects(heads[1])[at], "op": _objects(heads[2])[at],
-            "level": _objects(heads[3])[at], "phase": _objects(heads[4])[at], "module": _objects(heads[5])[at],
-            "call_index": _ints(heads[6])[at], "fwd": _objects(heads[7])[at], "stack": _objects(heads[8])[at],
-            "io": _objects(io), "arg": _objects(arg), "kind": _objects(kind), "dtype": _objects(dtype),
-            "shape": _objects(shape),
-            "requires_grad": np.array(rg, dtype=bool) if all(type(v) is bool for v in rg) else _objects(rg),
-            **_stat_arrays(stats), "md5": _objects(md5), "value": _objects(value),
-            "producer": _objects(prod), "tensor": _objects(tensor),
-        }
-        return pd.DataFrame({c: pd.Series(data[c], dtype=data[c].dtype, copy=False) for c in COMPARE_COLUMNS},
-                            copy=False)
+def records_to_frame(records: list[dict[str, Any]], base: Path, step: int, rank: int,
+                     warnings: list[str] | None = None) -> Any:
+    """Flatten record dicts (the records.jsonl schema) into the reader's full DataFrame; records
+    with wrong values are left out and reported in ``warnings``."""
+    cols = RecordColumns(full=True, step=step, rank=rank)
+    for i in range(0, len(records), CHUNK_LINES):
+        cols.add(records[i:i + CHUNK_LINES])
+    return cols.frame(base, warnings)
 
 
-def _typed_frame(rows: list[tuple[Any, ...]], columns: list[str]) -> Any:
-    import numpy as np
-    import pandas as pd
-
-    df = pd.DataFrame.from_records(rows, columns=columns)
-    for c in STAT_COLUMNS:
-        col = df[c]
-        if col.dtype == object:
-            col = col.map(lambda v: _NONFINITE.get(v, np.nan) if isinstance(v, str) else v)
-            df[c] = pd.to_numeric(col, errors="coerce")
-        else:
-            df[c] = col.astype("float64")
-    for c in ("record_id", "call_index", "step", "rank"):
-        if c in df:
-            df[c] = pd.to_numeric(df[c], errors="coerce").fillna(-1).astype("int64")
-    return df
+def records_to_compare_frame(records: list[dict[str, Any]], base: Path, step: int, rank: int,
+                             warnings: list[str] | None = None) -> Any:
+    """Like :func:`records_to_frame`, with :data:`COMPARE_COLUMNS` only."""
+    cols = RecordColumns()
+    for i in range(0, len(records), CHUNK_LINES):
+        cols.add(records[i:i + CHUNK_LINES])
+    return cols.frame(base, warnings)
 
 
 def load_dump(path: str | Path, step: int | None = None, rank: int | None = None) -> Any:

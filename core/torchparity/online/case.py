@@ -152,16 +152,29 @@ def load_case(path: str | Path) -> tuple[dict[str, Any], tuple, dict, list[torch
     try:
         meta = json.loads((d / "case.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{d / 'case.json'}: unreadable ({exc})") from None
+        raise UsageError(f"{d / 'case.json'}: unreadable ({' '.join(str(exc).split())[:200]})") from None
     if not isinstance(meta, dict) or meta.get("format") != CASE_FORMAT:
         raise UsageError(f"{d / 'case.json'}: not a torchparity case (format {meta.get('format') if isinstance(meta, dict) else None!r})")
-    if int(meta.get("version", 0)) > CASE_VERSION:
+    version = meta.get("version", 0)
+    if type(version) is not int:
+        raise UsageError(f"{d / 'case.json'}: 'version' is {version!r:.40}, not an integer; the case is damaged")
+    if version > CASE_VERSION:
         raise UsageError(f"{d}: case version {meta.get('version')} is newer than this torchparity reads ({CASE_VERSION})")
+    for key, kind in (("args", list), ("kwargs", dict), ("outputs", list)):
+        if not isinstance(meta.get(key, kind()), kind):
+            raise UsageError(f"{d / 'case.json'}: '{key}' is {type(meta.get(key)).__name__}, not a "
+                             f"{kind.__name__}; the case is damaged")
     try:
         tensors = load_file(str(d / "tensors.safetensors"))
     except (OSError, SafetensorError, ValueError) as exc:
-        raise UsageError(f"{d / 'tensors.safetensors'}: unreadable ({exc})") from None
-    args = tuple(_decode(meta.get("args", []), tensors))
-    kwargs = {k: _decode(v, tensors) for k, v in (meta.get("kwargs") or {}).items()}
-    outs = [None if o is None else tensors.get(o["key"]) for o in meta.get("outputs", [])]
+        raise UsageError(f"{d / 'tensors.safetensors'}: unreadable ({' '.join(str(exc).split())[:200]})") from None
+    try:
+        args = tuple(_decode(meta.get("args", []), tensors))
+        kwargs = {str(k): _decode(v, tensors) for k, v in (meta.get("kwargs") or {}).items()}
+        outs = [None if o is None else tensors.get(o["key"]) for o in meta.get("outputs", [])]
+    except UsageError as exc:
+        raise UsageError(f"{d / 'case.json'}: {exc}") from None
+    except (TypeError, KeyError, ValueError, AttributeError, RuntimeError) as exc:
+        raise UsageError(f"{d / 'case.json'}: a value of the wrong type ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:120]}); the case is damaged - save it again") from None
     return meta, args, kwargs, outs, tensors
