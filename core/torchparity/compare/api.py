@@ -399,8 +399,8 @@ def _build_rows(both: Any, step: int, rank: int) -> Any:
     import pandas as pd
 
     n = len(both)
-    io = _col(both, "io").astype(str)
-    arg = _col(both, "arg").astype(str)
+    io = matching.text_column(_col(both, "io"))
+    arg = matching.text_column(_col(both, "arg"))
     rid = both["d_record_id"].to_numpy()
     brid = both["b_record_id"].fillna(-1).astype("int64").to_numpy()
     order = _order(rid, brid, both)
@@ -440,7 +440,7 @@ def _build_rows(both: Any, step: int, rank: int) -> Any:
     has_md5 = both["d_md5"].notna() & both["b_md5"].notna()
     # checksums of different algorithms (XXH3-64: 16 hex digits, MD5 of older dumps: 32, msprobe's
     # CRC-32: 8) have different lengths and say nothing about each other
-    same_algo = both["d_md5"].astype(str).str.len() == both["b_md5"].astype(str).str.len()
+    same_algo = matching.text_column(both["d_md5"]).str.len() == matching.text_column(both["b_md5"]).str.len()
     if (has_md5 & ~same_algo).any():
         log.warning("the two dumps' checksums come from different algorithms (e.g. an older dump's MD5 against "
                     "XXH3-64): they are not compared; re-dump both sides with the same torchparity version")
