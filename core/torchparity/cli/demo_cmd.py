@@ -34,7 +34,7 @@ def demo(out_dir: str, steps: int, level: str, fault_module: str, fault_step: in
       torchparity demo --fault-module layers.0.self_attn.q_proj --fault-step 0 --factor 2
       torchparity demo --fault-phase backward --level aten
     """
-    from ..demo import DemoFault, run_demo
+    from ..demo import ATEN_LEVELS, DemoFault, run_demo
 
     fault = DemoFault(module=fault_module, step=fault_step, phase=fault_phase, factor=factor)
     res = run_demo(out_dir, steps=steps, level=level, fault=fault, say=click.echo)
@@ -48,8 +48,14 @@ def demo(out_dir: str, steps: int, level: str, fault_module: str, fault_step: in
         click.echo(f"  phase:    {rc.phase}, step {rc.step}, rank {rc.rank}")
         click.echo(f"  why:      {rc.reason}")
     click.echo(f"Planted:    {fault.describe()}")
-    click.echo("Verdict:    " + ("found - the root cause is the planted op" if res.found
-                                 else "NOT found - the root cause differs from the planted op"))
+    if not res.found:
+        verdict = "NOT found - the root cause differs from the planted op"
+    elif level in ATEN_LEVELS:
+        verdict = "found - the root cause is the planted op"
+    else:
+        verdict = (f"found - the root cause is the call that contains the planted op "
+                   f"(level {level} records no aten op)")
+    click.echo("Verdict:    " + verdict)
     click.echo("")
     click.echo(f"Dumps:      {res.out_dir / 'device'}  vs  {res.out_dir / 'bench'}")
     for name, paths in sorted(res.result.reports.items()):
