@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
+from typing import Any
+
 from . import EXIT_FINDINGS, EXIT_OK
+from .validate import output_dir as writable_dir
+
+
+def _fault_factor(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A finite, non-zero factor other than 1 (x1 plants nothing; NaN/inf are not a small fault)."""
+    if not math.isfinite(value) or value == 0 or value == 1:
+        raise click.BadParameter(f"{value!r} plants no usable fault; give a finite factor other than 0 and 1, e.g. 1.05",
+                                 ctx=ctx, param=param)
+    return value
 
 
 @click.command("demo")
 @click.option("-o", "--output", "out_dir", default="torchparity-demo", show_default=True,
-              type=click.Path(file_okay=False), help="Where the two dumps and the reports go (replaced).")
+              type=click.Path(file_okay=False), callback=writable_dir,
+              help="Where the two dumps and the reports go (replaced).")
 @click.option("--steps", default=2, show_default=True, type=click.IntRange(1, 20), help="Training steps per run.")
 @click.option("--level", default="aten", show_default=True, type=click.Choice(["module", "api", "aten", "mix"]),
               help="Dump level of both runs.")
 @click.option("--fault-module", default="layers.1.mlp.down_proj", show_default=True,
               help="Module path whose matmul gets the planted fault.")
-@click.option("--fault-step", default=1, show_default=True, type=int, help="Step at which the fault fires.")
+@click.option("--fault-step", default=1, show_default=True, type=click.IntRange(min=0),
+              help="Step at which the fault fires.")
 @click.option("--fault-phase", default="forward", show_default=True, type=click.Choice(["forward", "backward"]))
-@click.option("--factor", default=1.05, show_default=True, type=float,
+@click.option("--factor", default=1.05, show_default=True, type=float, callback=_fault_factor,
               help="The planted fault multiplies one matmul output by this.")
 def demo(out_dir: str, steps: int, level: str, fault_module: str, fault_step: int, fault_phase: str,
          factor: float) -> None:

@@ -21,8 +21,9 @@ import numpy as np
 
 from ..errors import DumpError, TorchparityError, UsageError
 from ..results import CompareResult, Suspect
-from . import matching, metrics, rootcause
+from . import integrity, matching, metrics, rootcause
 from .judge import judge
+from .summary import incomplete_warnings, report, summary
 
 log = logging.getLogger("torchparity")
 
@@ -31,17 +32,6 @@ PARALLEL_MIN_ROWS = 200_000
 #: header fields that should match for a like-for-like comparison (a difference is a warning)
 HEADER_CHECKS = ("level", "mode")
 BACKEND_CHECKS = ("torch_version", "numerics")
-
-
-def _normalise_formats(formats: str | Sequence[str] | None) -> list[str] | None:
-    if formats is None:
-        return None
-    if isinstance(formats, str):
-        formats = [formats]
-    out: list[str] = []
-    for f in formats:
-        out += [x.strip() for x in str(f).split(",") if x.strip()]
-    return out
 
 
 def compare(
@@ -81,11 +71,18 @@ def compare(
     from ..dump.reader import open_dump
 
     t0 = time.perf_counter()
-    if threshold <= 1:
-        raise UsageError(f"threshold must be > 1 (an amplification factor), got {threshold}")
+    if not isinstance(threshold, (int, float)) or not math.isfinite(threshold) or threshold <= 1:
+        raise UsageError(f"threshold must be a finite number > 1 (an amplification factor), got {threshold}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise UsageError(f"workers must be a whole number >= 1 (or None: automatic), got {workers!r}")
+    for name, val in (("step", step), ("rank", rank)):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
+            raise UsageError(f"{name} must be a whole number >= 0, got {val!r}")
     if tolerance_dtype is not None and tolerance_dtype not in rootcause.DTYPE_RTOL:
         raise UsageError(f"unknown tolerance dtype '{tolerance_dtype}'; use one of {', '.join(rootcause.DTYPE_RTOL)}")
     mapping = matching.load_layer_mapping(layer_mapping)
+    reg = _registry(plugins)
+    _refuse_bad_checker_options(reg)
     dev = open_dump(device_dump)
     ben = open_dump(bench_dump)
     warnings: list[str] = [f"device dump: {w}" for w in dev.warnings] + [f"bench dump: {w}" for w in ben.warnings]
@@ -123,16 +120,14 @@ def compare(
 
     import pandas as pd
 
-    frames, suspects, per_pair, pair_roots = [], [], [], []
+    frames, pair_sus, per_pair = [], [], []
     for (s, r), res in zip(common, results):
         if isinstance(res, TorchparityError):
             raise res
         rows_sr, sus, w, info = res
         warnings += w
         frames.append(rows_sr)
-        suspects += sus
-        if sus:
-            pair_roots.append(sus[0])  # the pair's root cause (innermost, earliest)
+        pair_sus.append(sus)
         per_pair.append(info)
     rows = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else frames[0]
     if not len(rows):
@@ -140,20 +135,35 @@ def compare(
             f"nothing to compare: both dumps are empty for {', '.join(f'step{s}/rank{r}' for s, r in common)}"
             + (f" ({'; '.join(warnings[:3])})" if warnings else ""))
 
-    reg = _registry(plugins)
     mode = _mode(rows)
     checkers = reg.checkers_for("compare") if reg is not None else []
     with no_gc():
         rows, problems = judge(rows, checkers, mode)
     warnings += problems
+    integrity.apply_not_compared(rows)
+    # a suspect whose output a checker passes (a tolerance the user configured) is no suspect;
+    # every other suspect's output is an error: verdicts and root cause never disagree
+    accepted = integrity.accepted_by_checkers(rows, [x for sus in pair_sus for x in sus])
+    if accepted:
+        gone = {id(x) for x, _ in accepted}
+        warnings.append(f"{len(accepted)} op(s) amplify the error beyond the threshold but a checker passes them "
+                        f"(configured tolerances), so they are not suspects (first: {accepted[0][0].name}, passed by "
+                        f"'{accepted[0][1]}')")
+        pair_sus = [[x for x in sus if id(x) not in gone] for sus in pair_sus]
+        for info, sus in zip(per_pair, pair_sus):
+            info.update(root_cause=sus[0].name if sus else None, root_cause_index=sus[0].index if sus else None,
+                        suspects=len(sus))
+    suspects = [x for sus in pair_sus for x in sus]
+    integrity.agree_with_suspects(rows, suspects)
 
-    root = _first(pair_roots)
+    root = _first([sus[0] for sus in pair_sus if sus])  # each pair's root cause: innermost, earliest
     ranked = rootcause.rank_suspects(([root] if root else []) + [s for s in suspects if s is not root])
-    summary = _summary(rows, dev, ben, mode, root, per_pair, warnings, threshold, checkers, time.perf_counter() - t0)
-    result = CompareResult(rows=rows, summary=summary, root_cause=root, suspects=ranked,
+    s = summary(rows, dev, ben, mode, root, per_pair, warnings, threshold, checkers, time.perf_counter() - t0)
+    warnings += incomplete_warnings(rows, s)
+    result = CompareResult(rows=rows, summary=s, root_cause=root, suspects=ranked,
                            output_dir=Path(output_dir) if output_dir is not None else None)
-    _report(result, reg, formats, warnings)
-    summary["warnings"] = warnings
+    report(result, reg, formats, warnings)
+    s["warnings"] = warnings
     return result
 
 
@@ -225,6 +235,19 @@ def _registry(plugins: Any) -> Any:
         return None
 
 
+def _refuse_bad_checker_options(reg: Any) -> None:
+    """A compare checker that plugins.yaml configures wrongly is refused, not silently left out
+    (its verdicts would be missing while the summary read as if it had judged)."""
+    if reg is None:
+        return
+    for c in reg.components:
+        if c.kind == "checker" and not c.enabled and c.why_disabled.startswith("bad options") \
+                and "compare" in getattr(c.component, "scopes", ()):
+            where = reg.config.path or "plugins.yaml"
+            why = c.why_disabled[len("bad options:"):].strip()
+            raise UsageError(f"{where}: {why}; fix that option, or disable the checker (plugins: disable: [{c.name}])")
+
+
 def _run_jobs(jobs: list[tuple[Any, ...]], workers: int | None, dev: Any, ben: Any) -> list[Any]:
     n = len(jobs)
     if workers is None:
@@ -287,16 +310,17 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     bw: list[str] = []
     d = read_unit(dr.unit(step, rank), dw, compact=True)
     b = read_unit(br.unit(step, rank), bw, compact=True)
+    integrity.clean_identity(d, f"step{step}/rank{rank}", dw)
+    integrity.clean_identity(b, f"step{step}/rank{rank}", bw)
     warnings += [f"device dump: {w}" for w in dw] + [f"bench dump: {w}" for w in bw]
-    if not allow_partial:
-        from ..dump.reader import damage
+    from ..dump.reader import damage
 
-        lost = [f"device dump {w}" for w in damage(dw)] + [f"bench dump {w}" for w in damage(bw)]
-        if lost:
-            raise DumpError(f"{lost[0]}" + (f" (and {len(lost) - 1} more problem(s))" if len(lost) > 1 else "")
-                            + "; pass --allow-partial (allow_partial=True) to compare what was read")
+    lost = [f"device dump {w}" for w in damage(dw)] + [f"bench dump {w}" for w in damage(bw)]
+    if lost and not allow_partial:
+        raise DumpError(f"{lost[0]}" + (f" (and {len(lost) - 1} more problem(s))" if len(lost) > 1 else "")
+                        + "; pass --allow-partial (allow_partial=True) to compare what was read")
     info: dict[str, Any] = {"step": step, "rank": rank, "device_records": int(d["record_id"].nunique()),
-                            "bench_records": int(b["record_id"].nunique())}
+                            "bench_records": int(b["record_id"].nunique()), "damaged": lost}
     if not len(d) or not len(b):
         side = "device" if not len(d) else "bench"
         raise DumpError(f"the {side} dump has no records for step{step}/rank{rank}"
@@ -552,62 +576,3 @@ def _mode(rows: Any) -> str:
     if rows["md5_equal"].notna().any():
         return "md5"
     return "statistics"
-
-
-def _summary(rows: Any, dev: Any, ben: Any, mode: str, root: Suspect | None, per_pair: list[dict[str, Any]],
-             warnings: list[str], threshold: float, checkers: list[Any], elapsed: float) -> dict[str, Any]:
-    v = rows["verdict"].value_counts().to_dict()
-    um = rows["match"] == "unmatched"
-    first = None
-    if root is not None:
-        first = {"step": root.step, "rank": root.rank, "name": root.name, "index": root.index, "op": root.op,
-                 "module": root.module, "phase": root.phase}
-    diverged_pairs = [p for p in per_pair if p["root_cause"]]
-    return {
-        "device_dump": str(dev.path), "bench_dump": str(ben.path),
-        "device_format": dev.format, "bench_format": ben.format, "mode": mode,
-        "steps": sorted({p["step"] for p in per_pair}), "ranks": sorted({p["rank"] for p in per_pair}),
-        "n_rows": int(len(rows)), "n_compared": int((~um).sum()),
-        "n_unmatched_device": int((um & (rows["device_record_id"] >= 0)).sum()),
-        "n_unmatched_bench": int((um & (rows["device_record_id"] < 0)).sum()),
-        "n_pass": int(v.get("pass", 0)), "n_warning": int(v.get("warning", 0)), "n_error": int(v.get("error", 0)),
-        "n_skip": int(v.get("skip", 0)),
-        "diverged": root is not None or int(v.get("error", 0)) > 0,
-        "first_divergence": first,
-        "diverged_pairs": [{"step": p["step"], "rank": p["rank"], "root_cause": p["root_cause"]} for p in diverged_pairs],
-        "pairs": per_pair,
-        "threshold": threshold,
-        "checkers": [c.name for c in checkers] or ["builtin"],
-        "elapsed_s": round(elapsed, 3),
-        "warnings": warnings,
-    }
-
-
-def _report(result: CompareResult, reg: Any, formats: Any, warnings: list[str]) -> None:
-    wanted = _normalise_formats(formats)
-    if reg is None:
-        return
-    reporters = reg.reporters
-    if wanted is None:
-        if result.output_dir is None:
-            return
-        names = list(reporters)
-    else:
-        names = wanted
-        missing = [n for n in names if n not in reporters]
-        for n in missing:
-            warnings.append(f"no reporter named '{n}' is installed (installed: {', '.join(reporters) or 'none'}); "
-                            f"skipped that format")
-        names = [n for n in names if n in reporters]
-    if not names:
-        return
-    out = result.output_dir or Path("torchparity_compare")
-    out.mkdir(parents=True, exist_ok=True)
-    result.output_dir = out
-    for n in names:
-        try:
-            result.reports[n] = list(reporters[n].write(result, out) or [])
-        except TorchparityError:
-            raise
-        except Exception as exc:
-            warnings.append(f"reporter '{n}' failed ({type(exc).__name__}: {exc}); its report is missing")
