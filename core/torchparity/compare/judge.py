@@ -1,9 +1,10 @@
 """Verdicts: run the checker plugins over the compare rows; the worst verdict wins.
 
-Each checker returns ``verdict``/``reason`` per row (``skip`` where it has nothing to say). When no
-checker plugin is installed a minimal built-in rule still flags what is never acceptable
-(NaN/Inf that do not coincide, a differing checksum of same-dtype tensors) so a broken install
-cannot turn into "all pass".
+Each checker returns ``verdict``/``reason`` per row (``skip`` where it has nothing to say). Rows
+no checker judged (none installed, or none with something to say) go to the built-in rules: what
+is never acceptable (NaN/Inf that do not coincide, a differing checksum of same-dtype tensors, a
+differing scalar argument) is an error, a tensor within its dtype's rounding passes, and the rest
+is marked ``unchecked:`` - so a broken install cannot turn into "all pass".
 """
 
 from __future__ import annotations
@@ -115,8 +116,8 @@ def judge(rows: Any, checkers: Sequence[Checker], mode: str) -> tuple[Any, list[
         results.append((c.name, res))
     if not results:
         if not checkers:
-            problems.append("no checker plugins are installed: using the built-in NaN/Inf and checksum rules only "
-                            "(pip install -e ./checkers/allclose ./checkers/md5)")
+            problems.append("no checker plugin is installed or enabled: using the built-in rules only (NaN/Inf, "
+                            "checksums, within-rounding passes); pip install -e ./checkers/allclose ./checkers/md5")
         results.append(("builtin", builtin_verdicts(rows)))
     for name, res in results:
         v, rsn = res["verdict"], res["reason"]
