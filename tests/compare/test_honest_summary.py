@@ -120,3 +120,19 @@ def test_a_bad_allclose_option_is_refused(synth, tmp_path, option) -> None:
     errs = _errors(text)
     assert len(errs) == 1 and "allclose" in errs[0] and "p.yaml" in errs[0], text
     assert "no divergence" not in text and "agree" not in text and "compared " not in text
+
+
+def test_a_truncated_dump_read_with_allow_partial_never_agrees(synth, tmp_path) -> None:
+    """--allow-partial compares what was read; without a divergence the exit code is still 2: the
+    records lost with the cut line were not compared."""
+    dst = tmp_path / "cut"
+    shutil.copytree(synth["bench"], dst)
+    rank = dst / "step0" / "rank0"
+    data = (rank / "records.jsonl").read_bytes()
+    keep = data[: data.rindex(b"\n", 0, len(data) - 1) + 1]
+    (rank / "records.jsonl").write_bytes(keep + data[len(keep): len(keep) + 40])
+    (rank / "footer.json").unlink()
+    code, text = run_cli(["compare", str(dst), str(synth["bench"]), "--allow-partial"])
+    assert code == 2, text
+    assert "the runs agree" not in text and len(_errors(text)) == 1
+    assert "damaged part(s) of the dumps were skipped" in _errors(text)[0]
