@@ -31,6 +31,8 @@ NOT_COMPARED = "not compared: "
 def clean_identity(frame: Any, rel: str, problems: list[str]) -> None:
     """Turn non-text values of :data:`IDENTITY_COLUMNS` into text, in place; append one damage
     message per column that had any (``rel`` names the step/rank)."""
+    import pandas as pd
+
     from ..dump.reader import Damage
     from .matching import text_column
 
@@ -40,8 +42,14 @@ def clean_identity(frame: Any, rel: str, problems: list[str]) -> None:
         if c not in frame.columns:
             continue
         vals = frame[c].to_numpy(dtype=object)
-        bad = np.fromiter((v is not None and not isinstance(v, str) and not (isinstance(v, float) and v != v)
-                           for v in vals), dtype=bool, count=len(vals))
+        if pd.api.types.infer_dtype(vals, skipna=True) in ("string", "empty"):  # in C: the usual case
+            continue
+        try:  # one type check per distinct value (missing values get code -1: the last, False)
+            codes, uniq = pd.factorize(vals)
+            bad = np.array([not isinstance(u, str) for u in uniq] + [False], dtype=bool)[codes]
+        except TypeError:  # unhashable values (lists, dicts): one by one
+            bad = np.fromiter((v is not None and not isinstance(v, str) and not (isinstance(v, float) and v != v)
+                               for v in vals), dtype=bool, count=len(vals))
         if not bad.any():
             continue
         i = int(np.flatnonzero(bad)[0])
@@ -101,21 +109,36 @@ def apply_not_compared(rows: Any) -> int:
     return int(mask.sum())
 
 
-def _suspect_rows(rows: Any, s: Any) -> np.ndarray:
-    """The rows behind a suspect: its worst output row (an op), or its worst entering parameter
-    or input row (a source); all of them when none has an error estimate."""
-    rec = ((rows["step"].to_numpy() == s.step) & (rows["rank"].to_numpy() == s.rank)
-           & (rows["device_record_id"].to_numpy() == s.index)
-           & (rows["kind"].to_numpy(dtype=object) == "tensor"))
-    io = rows["io"].to_numpy(dtype=object)
-    if s.kind == "op":
-        hit = rec & np.isin(io, ["output", "grad"])
-    else:
-        hit = rec & (io == ("param" if s.kind == "parameter" else "input"))
-    err = rows["error"].to_numpy(dtype="float64")
-    if (hit & ~np.isnan(err)).any():
-        hit &= err >= np.nanmax(np.where(hit, err, np.nan))
-    return hit
+class _RecordRows:
+    """Row positions of each device record, by (step, rank, record id): one grouping, then a
+    dictionary lookup per suspect (not a scan of every row per suspect)."""
+
+    def __init__(self, rows: Any, suspects: Sequence[Any]) -> None:
+        rid = rows["device_record_id"].to_numpy()
+        near = np.flatnonzero(np.isin(rid, np.array(sorted({s.index for s in suspects}), dtype=rid.dtype)))
+        step, rank = rows["step"].to_numpy()[near], rows["rank"].to_numpy()[near]
+        self.groups: dict[tuple[int, int, int], np.ndarray] = {}
+        for k, (a, b, c) in enumerate(zip(step.tolist(), rank.tolist(), rid[near].tolist())):
+            self.groups.setdefault((a, b, c), []).append(int(near[k]))  # type: ignore[arg-type]
+        self.groups = {k: np.array(v, dtype=np.int64) for k, v in self.groups.items()}
+        self.io = rows["io"].to_numpy(dtype=object)
+        self.tensor = rows["kind"].to_numpy(dtype=object) == "tensor"
+        self.err = rows["error"].to_numpy(dtype="float64")
+
+    def of(self, s: Any) -> np.ndarray:
+        """Positions of the rows behind a suspect: its worst output row (an op), or its worst
+        entering parameter or input row (a source); all of them when none has an error estimate."""
+        idx = self.groups.get((s.step, s.rank, s.index))
+        if idx is None:
+            return np.empty(0, dtype=np.int64)
+        idx = idx[self.tensor[idx]]
+        io = self.io[idx]
+        idx = idx[np.isin(io, ["output", "grad"])] if s.kind == "op" else \
+            idx[io == ("param" if s.kind == "parameter" else "input")]
+        e = self.err[idx]
+        if len(idx) and (~np.isnan(e)).any():
+            idx = idx[e >= np.nanmax(e)]
+        return idx
 
 
 def accepted_by_checkers(rows: Any, suspects: Sequence[Any]) -> list[tuple[Any, str]]:
@@ -126,11 +149,13 @@ def accepted_by_checkers(rows: Any, suspects: Sequence[Any]) -> list[tuple[Any, 
         return out
     verdict = rows["verdict"].to_numpy(dtype=object)
     who = rows["checker"].to_numpy(dtype=object)
-    for s in suspects:
-        if s.kind != "op":
-            continue
-        hit = _suspect_rows(rows, s)
-        if hit.any() and (verdict[hit] == "pass").all() and all(w not in ("", "builtin") for w in who[hit]):
+    ops = [s for s in suspects if s.kind == "op"]
+    if not ops:
+        return out
+    index = _RecordRows(rows, ops)
+    for s in ops:
+        hit = index.of(s)
+        if len(hit) and (verdict[hit] == "pass").all() and all(w not in ("", "builtin") for w in who[hit]):
             out.append((s, str(who[hit][0])))
     return out
 
@@ -146,13 +171,15 @@ def agree_with_suspects(rows: Any, suspects: Sequence[Any]) -> int:
     reason = rows["reason"].to_numpy(dtype=object).copy()
     who = rows["checker"].to_numpy(dtype=object).copy()
     changed = 0
+    index = _RecordRows(rows, suspects)
     for s in suspects:
-        hit = _suspect_rows(rows, s) & (verdict != "error")
-        if hit.any():
+        hit = index.of(s)
+        hit = hit[verdict[hit] != "error"]
+        if len(hit):
             verdict[hit] = "error"
             reason[hit] = f"root cause analysis: {s.reason}"
             who[hit] = "rootcause"
-            changed += int(hit.sum())
+            changed += len(hit)
     rows["verdict"] = pd.Series(verdict, index=rows.index, dtype=object)
     rows["reason"] = pd.Series(reason, index=rows.index, dtype=object)
     rows["checker"] = pd.Series(who, index=rows.index, dtype=object)

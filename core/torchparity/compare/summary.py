@@ -31,8 +31,17 @@ def normalise_formats(formats: Any) -> list[str] | None:
     return out
 
 
-def _starts(reason: Any, prefix: str) -> Any:
-    return reason.astype(object).fillna("").map(lambda x: isinstance(x, str) and x.startswith(prefix))
+def _starts(rows: Any, prefix: str) -> Any:
+    """Skipped rows whose reason starts with ``prefix`` (only the skipped rows are looked at)."""
+    import numpy as np
+
+    skipped = (rows["verdict"] == "skip").to_numpy()
+    out = np.zeros(len(rows), dtype=bool)
+    idx = np.flatnonzero(skipped)
+    if len(idx):
+        r = rows["reason"].to_numpy(dtype=object)[idx]
+        out[idx] = [isinstance(x, str) and x.startswith(prefix) for x in r]
+    return out
 
 
 def summary(rows: Any, dev: Any, ben: Any, mode: str, root: Suspect | None, per_pair: list[dict[str, Any]],
@@ -45,9 +54,8 @@ def summary(rows: Any, dev: Any, ben: Any, mode: str, root: Suspect | None, per_
         first = {"step": root.step, "rank": root.rank, "name": root.name, "index": root.index, "op": root.op,
                  "module": root.module, "phase": root.phase}
     diverged_pairs = [p for p in per_pair if p["root_cause"]]
-    skipped = rows["verdict"] == "skip"
-    n_not_compared = int((skipped & _starts(rows["reason"], NOT_COMPARED)).sum())
-    n_unchecked = int((skipped & _starts(rows["reason"], UNCHECKED)).sum())
+    n_not_compared = int(_starts(rows, NOT_COMPARED).sum())
+    n_unchecked = int(_starts(rows, UNCHECKED).sum())
     damaged = [w for p in per_pair for w in p.get("damaged", [])]
     return {
         "device_dump": str(dev.path), "bench_dump": str(ben.path),
@@ -75,7 +83,7 @@ def incomplete_warnings(rows: Any, s: dict[str, Any]) -> list[str]:
     """One warning per kind of gap (rows not compared, rows no checker judged)."""
     out: list[str] = []
     if s["n_not_compared"]:
-        nc = rows[(rows["verdict"] == "skip") & _starts(rows["reason"], NOT_COMPARED)]
+        nc = rows[_starts(rows, NOT_COMPARED)]
         r = nc.iloc[0]
         out.append(f"{s['n_not_compared']} paired tensor(s) could not be compared (first: step{r['step']}/rank{r['rank']} "
                    f"{r['device_name']} {r['tensor']}: {str(r['reason'])[len(NOT_COMPARED):]}); they are not counted "
