@@ -98,6 +98,8 @@ def test_not_compared_rows_in_the_api(synth, tmp_path) -> None:
     res = torchparity.compare(dev, synth["bench"], allow_partial=True)
     s = res.summary
     assert not s["complete"] and (s["n_not_compared"] == 1 or s["n_damaged"] >= 1), s
+    assert not res.complete and not res.diverged
+    assert torchparity.compare(synth["bench"], synth["bench"]).complete
     row = res.rows[(res.rows["device_name"] == "Aten.gelu.0.forward") & (res.rows["io"] == "output")]
     assert row["verdict"].tolist() != ["pass"]
 
