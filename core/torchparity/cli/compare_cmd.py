@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from . import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, registry_from
@@ -100,7 +102,7 @@ def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: s
     return EXIT_OK
 
 
-def _incomplete(s: dict) -> str:
+def _incomplete(s: dict[str, Any]) -> str:
     """One line: why a comparison without divergence is still not "the runs agree"."""
     parts = []
     if s.get("n_not_compared"):
