@@ -46,6 +46,28 @@ class DemoResult:
     losses: dict[str, list[float]] = field(default_factory=dict)
 
 
+#: dump levels that record aten ops; the others (module, api, mix) see the planted aten op only
+#: through the call that contains it (``torch.nn.functional.linear``, the ``Linear`` module)
+ATEN_LEVELS = ("aten",)
+
+
+def is_planted(rc: Any, fault: DemoFault, level: str) -> bool:
+    """Whether the root cause ``rc`` (a :class:`~torchparity.results.Suspect` or None) is the
+    planted fault, as far as a dump at ``level`` can see it.
+
+    At aten level it must be the planted aten op itself (``aten.mm.default`` for ``aten.mm``) in
+    the planted module. The module, api and mix levels record no aten op: the finest record
+    that contains the planted op is a call made in the planted module (its ``Linear`` module
+    record, the ``functional.linear`` call inside it), which is what they can name.
+    Phase and step must match at every level.
+    """
+    if rc is None or rc.phase != fault.phase or rc.step != fault.step or rc.module != fault.module:
+        return False
+    if level in ATEN_LEVELS or getattr(rc, "level", "") == "aten":
+        return fault.op.split(".")[-1] in str(rc.op).split(".")
+    return True
+
+
 def _emulated() -> Any:
     try:
         import torchparity_backend_emulated as emulated
@@ -94,8 +116,6 @@ def run_demo(out_dir: str | Path = "torchparity-demo", steps: int = 2, level: st
     say("3/3  compare:   device dump vs benchmark dump")
     result = torchparity.compare(str(out / "device"), str(out / "bench"), output_dir=str(out / "report"),
                                  formats=formats)
-    rc = result.root_cause
-    found = bool(rc is not None and rc.module == fault.module and rc.phase == fault.phase
-                 and rc.step == fault.step and fault.op.split(".")[-1] in rc.op)
+    found = is_planted(result.root_cause, fault, level)
     return DemoResult(out_dir=out, fault=fault, result=result, found=found,
                       seconds=time.perf_counter() - t0, losses=losses)

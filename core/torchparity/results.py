@@ -22,8 +22,11 @@ statistics (all modes)
 checksums (md5 mode)
     ``device_md5``, ``bench_md5``, ``md5_equal``.
 judgement
-    ``verdict`` (skip/pass/warning/error), ``reason``, ``checker`` (who gave the worst verdict),
-    ``error`` (the scalar error estimate used for root cause), ``stack``.
+    ``verdict`` (skip/pass/warning/error), ``reason``, ``checker`` (who gave the worst verdict:
+    a checker plugin, ``builtin`` for the built-in rules, ``rootcause`` for the rows behind a
+    suspect), ``error`` (the scalar error estimate used for root cause), ``stack``. A ``skip``
+    whose reason starts ``not compared:`` is a paired tensor whose numbers were missing; one
+    starting ``unchecked:`` is a row no checker judged.
 """
 
 from __future__ import annotations
@@ -75,6 +78,13 @@ class CompareResult:
     def diverged(self) -> bool:
         """True when a divergence was found (the CLI then exits with code 1)."""
         return self.root_cause is not None or int(self.summary.get("n_error", 0)) > 0
+
+    @property
+    def complete(self) -> bool:
+        """False when part of the dumps was damaged (read with ``allow_partial``) or a paired
+        tensor could not be compared: no divergence then does not mean the runs agree (the CLI
+        exits with code 2)."""
+        return bool(self.summary.get("complete", True))
 
 
 def complete_first_divergence(summary: Mapping[str, Any], rows: Any = None, root: Any = None) -> dict[str, Any]:

@@ -78,7 +78,7 @@ def test_cli_bad_input_exit_2(synth, tmp_path, case):
         m.write_text("a: [1, 2\n")
         extra, expect = ["--mapping", str(m)], "not valid YAML"
     elif case == "bad_threshold":
-        extra, expect = ["--threshold", "0.5"], "threshold must be > 1"
+        extra, expect = ["--threshold", "0.5"], "is not a finite number > 1"
     elif case == "file_not_dump":
         f = tmp_path / "x.txt"
         f.write_text("hi")

@@ -302,8 +302,9 @@ class OverflowChecker(Checker):
     # ---- comparison -------------------------------------------------------------------------------
     def judge_rows(self, rows: pd.DataFrame, ctx: CheckContext | None = None) -> pd.DataFrame:
         """``error`` where the device has NaN/Inf (or fp16/bf16 saturation) the bench does not;
-        ``warning`` where only the bench does; ``skip`` where both do (not device-specific) or
-        no statistics; ``pass`` otherwise."""
+        ``warning`` where only the bench does; ``skip`` otherwise: both non-finite (not
+        device-specific), no statistics, or no overflow - which says nothing about whether the
+        values agree (a ``pass`` here would pass rows no tolerance checker looked at)."""
         import numpy as np
         import pandas as pd
 
@@ -338,7 +339,7 @@ class OverflowChecker(Checker):
         b_bad, b_known = side("bench")
         verdict = np.select(
             [~d_known, d_bad & ~b_bad, ~d_bad & b_bad, d_bad & b_bad],
-            ["skip", "error", "warning", "skip"], default="pass").astype(object)
+            ["skip", "error", "warning", "skip"], default="skip").astype(object)
         reason = np.select(
             [~d_known, d_bad & ~b_bad, ~d_bad & b_bad, d_bad & b_bad],
             ["no statistics to judge overflow",

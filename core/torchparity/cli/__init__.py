@@ -114,8 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(EXIT_USAGE)
-    except click.ClickException as exc:
-        exc.show()
+    except click.ClickException as exc:  # one line, like every other error (no usage block)
+        msg = " ".join(exc.format_message().split())
+        ctx = getattr(exc, "ctx", None)
+        if isinstance(exc, click.UsageError) and ctx is not None:
+            msg += f" (see '{ctx.command_path} --help')"
+        click.echo(f"torchparity: error: {msg}", err=True)
         sys.exit(EXIT_USAGE if exc.exit_code == 2 or exc.exit_code == 1 else exc.exit_code)
     except TorchparityError as exc:
         click.echo(f"torchparity: error: {exc}", err=True)

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from . import EXIT_FINDINGS, EXIT_OK, registry_from
+from . import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, registry_from
+from .validate import INDEX, WORKERS, amplification, output_dir as writable_dir
 
 
 @click.command("compare")
 @click.argument("device_dump", type=click.Path())
 @click.argument("bench_dump", type=click.Path())
-@click.option("-o", "--output", "output_dir", type=click.Path(file_okay=False), default=None,
+@click.option("-o", "--output", "output_dir", type=click.Path(file_okay=False), default=None, callback=writable_dir,
               help="Directory for the reports (created). Default: no files, console summary only.")
-@click.option("--step", type=int, default=None, help="Compare only this step (default: every step in both dumps).")
-@click.option("--rank", type=int, default=None, help="Compare only this rank (default: every rank in both dumps).")
+@click.option("--step", type=INDEX, default=None, help="Compare only this step (default: every step in both dumps).")
+@click.option("--rank", type=INDEX, default=None, help="Compare only this rank (default: every rank in both dumps).")
 @click.option("-f", "--format", "formats", default=None, metavar="LIST",
               help="Reporters to run, comma-separated, e.g. log,xlsx,json,advisor "
                    "(default: every enabled reporter when -o is given).")
@@ -23,12 +26,12 @@ from . import EXIT_FINDINGS, EXIT_OK, registry_from
 @click.option("--plugins", "plugins_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="plugins.yaml choosing checkers/reporters and their options (per-op/per-dtype tolerances); "
                    "same as `torchparity --plugins FILE compare ...`.")
-@click.option("--threshold", type=float, default=10.0, show_default=True,
+@click.option("--threshold", type=float, default=10.0, show_default=True, callback=amplification,
               help="Amplification (output error / input error) at which an op becomes a suspect.")
 @click.option("--tolerance-dtype", default=None, metavar="DTYPE",
               help="Judge noise as if the device computed in DTYPE (e.g. bfloat16 for an emulated run "
                    "stored as float32). Default: the lower precision dtype of each pair.")
-@click.option("-j", "--workers", type=int, default=None,
+@click.option("-j", "--workers", type=WORKERS, default=None,
               help="Worker processes for multi-step/multi-rank dumps (default: automatic).")
 @click.option("--allow-partial", is_flag=True,
               help="Compare what can be read of a truncated or corrupt dump (a killed run) instead of "
@@ -65,7 +68,8 @@ def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: s
 
     \b
     Exit codes: 0 the runs agree, 1 a divergence was found, 2 bad input (missing,
-    truncated or mismatched dumps; the message says what was read and what to do).
+    truncated or mismatched dumps, or tensors that could not be compared; the message
+    says what was read and what to do).
     """
     from ..compare.api import compare as run_compare
 
@@ -90,7 +94,23 @@ def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: s
         _print_summary(res)
     for w in s.get("warnings", []):
         click.echo(f"torchparity: warning: {w}", err=True)
-    return EXIT_FINDINGS if res.diverged else EXIT_OK
+    if res.diverged:
+        return EXIT_FINDINGS
+    if not s.get("complete", True):
+        click.echo(f"torchparity: error: {_incomplete(s)}", err=True)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def _incomplete(s: dict[str, Any]) -> str:
+    """One line: why a comparison without divergence is still not "the runs agree"."""
+    parts = []
+    if s.get("n_not_compared"):
+        parts.append(f"{s['n_not_compared']} paired tensor(s) could not be compared")
+    if s.get("n_damaged"):
+        parts.append(f"{s['n_damaged']} damaged part(s) of the dumps were skipped (--allow-partial)")
+    return ("no divergence among what was compared, but " + " and ".join(parts)
+            + "; the runs are not known to agree - see the warnings above and re-dump the damaged side")
 
 
 def _print_summary(res: object) -> None:
@@ -98,10 +118,20 @@ def _print_summary(res: object) -> None:
     rc = res.root_cause  # type: ignore[attr-defined]
     click.echo(f"compared {s['n_compared']} tensors ({s['mode']} mode) over step(s) {s['steps']} rank(s) {s['ranks']}: "
                f"{s['n_pass']} pass, {s['n_warning']} warning, {s['n_error']} error, "
+               + "".join(f"{s[k]} {label}, " for k, label in (("n_not_compared", "NOT compared"),
+                                                                 ("n_unchecked", "unchecked")) if s.get(k)) +
                f"{s['n_unmatched_device']} device-only, {s['n_unmatched_bench']} bench-only rows "
                f"({s['elapsed_s']:.2f} s)")
     if rc is None:
-        click.echo("no op introduced a divergence" + (" (but some rows are errors, see the report)" if s["n_error"] else ": the runs agree"))
+        if s["n_error"]:
+            click.echo("no op introduced a divergence (but some rows are errors, see the report)")
+        elif not s.get("complete", True):
+            click.echo("no op introduced a divergence among the compared tensors; some could not be compared")
+        elif s.get("n_unchecked"):
+            click.echo(f"no op introduced a divergence; {s['n_unchecked']} row(s) differ beyond rounding and no "
+                       f"checker judged them")
+        else:
+            click.echo("no op introduced a divergence: the runs agree")
     else:
         where = f"{rc.module}" if rc.module else "(top level)"
         click.echo(f"root cause: {rc.name} [{rc.op}] in {where}, {rc.phase}, step {rc.step} rank {rc.rank}, op #{rc.index}")

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from . import EXIT_FINDINGS, EXIT_OK, registry_from
+from .validate import INDEX, output_dir as writable_dir
 
 
 def _jsonable(x: Any) -> Any:
@@ -167,9 +168,10 @@ STACK_LINES = 6
 @click.command("overflow")
 @click.argument("dump", type=click.Path(file_okay=True, dir_okay=True))
 @click.option("-o", "--output", "output", type=click.Path(file_okay=False), default="out", show_default=True,
+              callback=writable_dir,
               help="Directory for overflow.json.")
-@click.option("--step", type=int, default=None, help="Only this step.")
-@click.option("--rank", type=int, default=None, help="Only this rank.")
+@click.option("--step", type=INDEX, default=None, help="Only this step.")
+@click.option("--rank", type=INDEX, default=None, help="Only this rank.")
 @click.pass_context
 def overflow(ctx: click.Context, dump: str, output: str, step: int | None, rank: int | None) -> int:
     """Find the op where NaN/Inf (or fp16/bf16 saturation) first appeared, per rank and step.

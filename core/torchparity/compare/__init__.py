@@ -2,8 +2,9 @@
 
 ``torchparity.compare(device_dump, bench_dump, output_dir=None, ...)`` returns a
 :class:`~torchparity.results.CompareResult`; the submodules each do one job: matching (pair
-records), metrics (per-tensor numbers), rootcause (amplification scoring), judge (checker
-verdicts), api (the pipeline).
+records), rows (one row per tensor pair), metrics (per-tensor numbers), rootcause
+(amplification scoring), judge (checker verdicts), integrity (what was not compared; verdicts
+that agree with the root cause), summary (counts and reporters), api (the pipeline).
 
 ``torchparity.compare`` is both this package and the function :func:`torchparity.compare.api.compare`:
 once any submodule is imported, Python binds the package to the ``torchparity.compare``

@@ -111,7 +111,7 @@ class SyntheticDump:
 def mlp_stack_dump(root: str | Path, mode: str = "statistics", *, layers: int = 3, width: int = 64,
                    batch: int = 16, dtype: Any = None, fault: tuple[str, Any] | None = None,
                    extra_op: str | None = None, seed: int = 0, step: int = 0, rank: int = 0,
-                   footer: bool = True, param_fault: str | None = None) -> Path:
+                   footer: bool = True, param_fault: str | None = None, casts: int = 0) -> Path:
     """A residual MLP stack, recorded at the aten level with data flow.
 
     Per layer ``i`` (module ``layers.i``): ``fc1`` (mm, add bias) -> ``act`` (gelu) -> ``fc2``
@@ -119,7 +119,10 @@ def mlp_stack_dump(root: str | Path, mode: str = "statistics", *, layers: int = 
     computation run in that dtype (the "device" side). ``fault=("layers.1.act", factor)`` multiplies
     the gelu output of that module by ``factor`` (a number, or ``"nan"``). ``extra_op`` names a
     module in which an extra ``aten.clone`` (identity) runs first. ``param_fault`` names a module
-    whose fc1 weight is perturbed by 1 %.
+    whose fc1 weight is perturbed by 1 %. ``casts`` records that many ``aten._to_copy`` (the dtype given as
+    a scalar argument, as a bf16 run casts around its float32 islands) at the start of every
+    layer: records with a scalar argument (no shape) whose call counts differ between two dumps
+    made with different ``casts``.
     """
     import torch
 
@@ -135,6 +138,10 @@ def mlp_stack_dump(root: str | Path, mode: str = "statistics", *, layers: int = 
         w1, b1, w2 = w1.to(dt), b1.to(dt), w2.to(dt)
         if param_fault == m:
             w1 = w1 * 1.01
+        for _ in range(casts):
+            h2 = h.float().to(dt)
+            hp = d.op("aten._to_copy.default", m, [(h, hp), (str(dt), None)], [h2])[0]
+            h = h2
         if extra_op == m:
             h2 = h.clone()
             hp = d.op("aten.clone.default", m, [(h, hp)], [h2])[0]

@@ -17,12 +17,16 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from ..errors import DumpError, TorchparityError, UsageError
 from ..results import CompareResult, Suspect
-from . import matching, metrics, rootcause
+from . import integrity, matching, rootcause
 from .judge import judge
+from .rows import MIN_PAIRED_FRACTION  # noqa: F401  (re-exported: the documented constant)
+from .rows import add_tensor_metrics as _add_tensor_metrics
+from .rows import build_rows as _build_rows
+from .rows import check_same_computation as _check_same_computation
+from .rows import check_same_shapes as _check_same_shapes
+from .summary import incomplete_warnings, report, summary
 
 log = logging.getLogger("torchparity")
 
@@ -31,17 +35,6 @@ PARALLEL_MIN_ROWS = 200_000
 #: header fields that should match for a like-for-like comparison (a difference is a warning)
 HEADER_CHECKS = ("level", "mode")
 BACKEND_CHECKS = ("torch_version", "numerics")
-
-
-def _normalise_formats(formats: str | Sequence[str] | None) -> list[str] | None:
-    if formats is None:
-        return None
-    if isinstance(formats, str):
-        formats = [formats]
-    out: list[str] = []
-    for f in formats:
-        out += [x.strip() for x in str(f).split(",") if x.strip()]
-    return out
 
 
 def compare(
@@ -81,11 +74,18 @@ def compare(
     from ..dump.reader import open_dump
 
     t0 = time.perf_counter()
-    if threshold <= 1:
-        raise UsageError(f"threshold must be > 1 (an amplification factor), got {threshold}")
+    if not isinstance(threshold, (int, float)) or not math.isfinite(threshold) or threshold <= 1:
+        raise UsageError(f"threshold must be a finite number > 1 (an amplification factor), got {threshold}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise UsageError(f"workers must be a whole number >= 1 (or None: automatic), got {workers!r}")
+    for name, val in (("step", step), ("rank", rank)):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
+            raise UsageError(f"{name} must be a whole number >= 0, got {val!r}")
     if tolerance_dtype is not None and tolerance_dtype not in rootcause.DTYPE_RTOL:
         raise UsageError(f"unknown tolerance dtype '{tolerance_dtype}'; use one of {', '.join(rootcause.DTYPE_RTOL)}")
     mapping = matching.load_layer_mapping(layer_mapping)
+    reg = _registry(plugins)
+    _refuse_bad_checker_options(reg)
     dev = open_dump(device_dump)
     ben = open_dump(bench_dump)
     warnings: list[str] = [f"device dump: {w}" for w in dev.warnings] + [f"bench dump: {w}" for w in ben.warnings]
@@ -123,16 +123,14 @@ def compare(
 
     import pandas as pd
 
-    frames, suspects, per_pair, pair_roots = [], [], [], []
+    frames, pair_sus, per_pair = [], [], []
     for (s, r), res in zip(common, results):
         if isinstance(res, TorchparityError):
             raise res
         rows_sr, sus, w, info = res
         warnings += w
         frames.append(rows_sr)
-        suspects += sus
-        if sus:
-            pair_roots.append(sus[0])  # the pair's root cause (innermost, earliest)
+        pair_sus.append(sus)
         per_pair.append(info)
     rows = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else frames[0]
     if not len(rows):
@@ -140,20 +138,35 @@ def compare(
             f"nothing to compare: both dumps are empty for {', '.join(f'step{s}/rank{r}' for s, r in common)}"
             + (f" ({'; '.join(warnings[:3])})" if warnings else ""))
 
-    reg = _registry(plugins)
     mode = _mode(rows)
     checkers = reg.checkers_for("compare") if reg is not None else []
     with no_gc():
         rows, problems = judge(rows, checkers, mode)
     warnings += problems
+    integrity.apply_not_compared(rows)
+    # a suspect whose output a checker passes (a tolerance the user configured) is no suspect;
+    # every other suspect's output is an error: verdicts and root cause never disagree
+    accepted = integrity.accepted_by_checkers(rows, [x for sus in pair_sus for x in sus])
+    if accepted:
+        gone = {id(x) for x, _ in accepted}
+        warnings.append(f"{len(accepted)} op(s) amplify the error beyond the threshold but a checker passes them "
+                        f"(configured tolerances), so they are not suspects (first: {accepted[0][0].name}, passed by "
+                        f"'{accepted[0][1]}')")
+        pair_sus = [[x for x in sus if id(x) not in gone] for sus in pair_sus]
+        for info, sus in zip(per_pair, pair_sus):
+            info.update(root_cause=sus[0].name if sus else None, root_cause_index=sus[0].index if sus else None,
+                        suspects=len(sus))
+    suspects = [x for sus in pair_sus for x in sus]
+    integrity.agree_with_suspects(rows, suspects)
 
-    root = _first(pair_roots)
+    root = _first([sus[0] for sus in pair_sus if sus])  # each pair's root cause: innermost, earliest
     ranked = rootcause.rank_suspects(([root] if root else []) + [s for s in suspects if s is not root])
-    summary = _summary(rows, dev, ben, mode, root, per_pair, warnings, threshold, checkers, time.perf_counter() - t0)
-    result = CompareResult(rows=rows, summary=summary, root_cause=root, suspects=ranked,
+    s = summary(rows, dev, ben, mode, root, per_pair, warnings, threshold, checkers, time.perf_counter() - t0)
+    warnings += incomplete_warnings(rows, s)
+    result = CompareResult(rows=rows, summary=s, root_cause=root, suspects=ranked,
                            output_dir=Path(output_dir) if output_dir is not None else None)
-    _report(result, reg, formats, warnings)
-    summary["warnings"] = warnings
+    report(result, reg, formats, warnings)
+    s["warnings"] = warnings
     return result
 
 
@@ -225,6 +238,19 @@ def _registry(plugins: Any) -> Any:
         return None
 
 
+def _refuse_bad_checker_options(reg: Any) -> None:
+    """A compare checker that plugins.yaml configures wrongly is refused, not silently left out
+    (its verdicts would be missing while the summary read as if it had judged)."""
+    if reg is None:
+        return
+    for c in reg.components:
+        if c.kind == "checker" and not c.enabled and c.why_disabled.startswith("bad options") \
+                and "compare" in getattr(c.component, "scopes", ()):
+            where = reg.config.path or "plugins.yaml"
+            why = c.why_disabled[len("bad options:"):].strip()
+            raise UsageError(f"{where}: {why}; fix that option, or disable the checker (plugins: disable: [{c.name}])")
+
+
 def _run_jobs(jobs: list[tuple[Any, ...]], workers: int | None, dev: Any, ben: Any) -> list[Any]:
     n = len(jobs)
     if workers is None:
@@ -287,16 +313,17 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     bw: list[str] = []
     d = read_unit(dr.unit(step, rank), dw, compact=True)
     b = read_unit(br.unit(step, rank), bw, compact=True)
+    integrity.clean_identity(d, f"step{step}/rank{rank}", dw)
+    integrity.clean_identity(b, f"step{step}/rank{rank}", bw)
     warnings += [f"device dump: {w}" for w in dw] + [f"bench dump: {w}" for w in bw]
-    if not allow_partial:
-        from ..dump.reader import damage
+    from ..dump.reader import damage
 
-        lost = [f"device dump {w}" for w in damage(dw)] + [f"bench dump {w}" for w in damage(bw)]
-        if lost:
-            raise DumpError(f"{lost[0]}" + (f" (and {len(lost) - 1} more problem(s))" if len(lost) > 1 else "")
-                            + "; pass --allow-partial (allow_partial=True) to compare what was read")
+    lost = [f"device dump {w}" for w in damage(dw)] + [f"bench dump {w}" for w in damage(bw)]
+    if lost and not allow_partial:
+        raise DumpError(f"{lost[0]}" + (f" (and {len(lost) - 1} more problem(s))" if len(lost) > 1 else "")
+                        + "; pass --allow-partial (allow_partial=True) to compare what was read")
     info: dict[str, Any] = {"step": step, "rank": rank, "device_records": int(d["record_id"].nunique()),
-                            "bench_records": int(b["record_id"].nunique())}
+                            "bench_records": int(b["record_id"].nunique()), "damaged": lost}
     if not len(d) or not len(b):
         side = "device" if not len(d) else "bench"
         raise DumpError(f"the {side} dump has no records for step{step}/rank{rank}"
@@ -326,288 +353,9 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     return rows, suspects, warnings, info
 
 
-#: below this fraction of paired records (of the smaller side) the dumps are not comparable
-MIN_PAIRED_FRACTION = 0.25
-
-
-def _check_same_computation(pairs: Any, step: int, rank: int) -> None:
-    """Refuse to compare dumps of different computations (a different model, level or filters)."""
-    m = pairs["match"].to_numpy()
-    n_d = int((pairs["dev_rid"] >= 0).sum())
-    n_b = int((pairs["bench_rid"] >= 0).sum())
-    paired = int((m != "unmatched").sum())
-    smaller = min(n_d, n_b)
-    if smaller >= 4 and paired < MIN_PAIRED_FRACTION * smaller:
-        raise DumpError(
-            f"step{step}/rank{rank}: only {paired} of {n_d} device and {n_b} bench records pair up; these dumps "
-            f"do not record the same computation (different model, dump level or filters?) - dump both runs the same way")
-
-
-def _check_same_shapes(both: Any, step: int, rank: int) -> None:
-    """Refuse pairs of dumps whose paired records mostly disagree on tensor shapes (another model
-    size, another batch): every row would be an error and the root cause meaningless."""
-    ds, bs = both["d_shape"].to_numpy(dtype=object), both["b_shape"].to_numpy(dtype=object)
-    rid = both["d_record_id"].to_numpy()
-    if not len(ds):
-        return
-    import pandas as pd
-
-    # one type check per distinct shape; equal shapes share a code
-    codes, uniq = metrics.factorize_shapes(pd.Series(list(ds) + list(bs), dtype=object).to_numpy())
-    is_tuple = np.array([isinstance(u, tuple) for u in uniq] + [False], dtype=bool)
-    cd, cb = codes[:len(ds)], codes[len(ds):]
-    known = is_tuple[cd] & is_tuple[cb]
-    if not known.any():
-        return
-    differs = known & (cd != cb)
-    recs = np.unique(rid[known])
-    bad = np.unique(rid[known & differs])
-    if len(recs) >= 4 and len(bad) > 0.5 * len(recs):
-        first = int(np.flatnonzero(known & differs)[0])
-        raise DumpError(
-            f"step{step}/rank{rank}: {len(bad)} of {len(recs)} paired records have different tensor shapes "
-            f"(first: {both['d_name'].iat[first]} {ds[first]} vs {both['b_name'].iat[first]} {bs[first]}); these "
-            f"dumps are not of the same model and input - check the model size, batch and sequence length")
-
-
-def _col(both: Any, name: str) -> Any:
-    d, b = both[f"d_{name}"], both[f"b_{name}"]
-    na = d.isna()
-    return d.where(~na, b) if na.any() else d
-
-
-def _join_dot(a: Any, b: Any) -> Any:
-    """``a + "." + b`` for two string columns of few distinct values: computed once per distinct
-    pair and repeated (same values and dtype as the element-wise concatenation)."""
-    if not len(a):
-        return a + "." + b
-    ca, ua = pd_factorize(a)
-    cb, ub = pd_factorize(b)
-    key = ca.astype(np.int64) * (len(ub) + 1) + cb
-    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    head = a.iloc[first].reset_index(drop=True) + "." + b.iloc[first].reset_index(drop=True)
-    return type(a)(head.array.take(inv.reshape(-1)), index=a.index)
-
-
-def pd_factorize(x: Any) -> tuple[np.ndarray, Any]:
-    import pandas as pd
-
-    return pd.factorize(x)
-
-
-def _build_rows(both: Any, step: int, rank: int) -> Any:
-    import pandas as pd
-
-    n = len(both)
-    io = _col(both, "io").astype(str)
-    arg = _col(both, "arg").astype(str)
-    rid = both["d_record_id"].to_numpy()
-    brid = both["b_record_id"].fillna(-1).astype("int64").to_numpy()
-    order = _order(rid, brid, both)
-    rows = pd.DataFrame({
-        "device_name": both["d_name"], "bench_name": both["b_name"], "tensor": _join_dot(io, arg),
-        "op": _col(both, "op"), "module": _col(both, "module"), "phase": _col(both, "phase"),
-        "level": _col(both, "level"), "step": step, "rank": rank, "order": order, "io": io, "arg": arg,
-        "kind": _col(both, "kind"), "match": both["match"].to_numpy(),
-        "device_dtype": both["d_dtype"], "bench_dtype": both["b_dtype"],
-        "device_shape": both["d_shape"], "bench_shape": both["b_shape"],
-        "device_requires_grad": both["d_requires_grad"], "bench_requires_grad": both["b_requires_grad"],
-        "d_record_id": rid, "bench_record_id": brid, "producer": both["d_producer"], "d_stack": both["d_stack"],
-        "d_fwd": both["d_fwd"],
-    })
-    for c in ("cosine", "max_abs_err", "max_rel_err", "mean_rel_err", "rmse", "euc_dist",
-              "one_thousandth_ratio", "five_thousandth_ratio", "rel_l2"):
-        rows[c] = np.nan
-    rows["worst_index"] = None
-    dstat = {s: both[f"d_{s}"].to_numpy(dtype="float64") for s in metrics.STATS + ("nan", "inf")}
-    bstat = {s: both[f"b_{s}"].to_numpy(dtype="float64") for s in metrics.STATS + ("nan", "inf")}
-    for s in metrics.STATS:
-        rows[f"device_{s}"] = dstat[s]
-        rows[f"bench_{s}"] = bstat[s]
-    numel = metrics.numel(both["b_shape"].where(both["b_shape"].notna(), both["d_shape"]).tolist())
-    sm = metrics.stat_metrics(dstat, bstat, numel)
-    for s in metrics.STATS:
-        rows[f"{s}_diff"] = sm[f"{s}_diff"]
-    for s in metrics.STATS:
-        rows[f"{s}_rel_diff"] = sm[f"{s}_rel_diff"]
-    for s in ("nan", "inf"):
-        rows[f"device_{s}"] = dstat[s]
-        rows[f"bench_{s}"] = bstat[s]
-    rows["nonfinite_mismatch"] = sm["nonfinite_mismatch"]
-    rows["stat_error"] = sm["stat_error"]
-    rows["device_md5"] = both["d_md5"]
-    rows["bench_md5"] = both["b_md5"]
-    has_md5 = both["d_md5"].notna() & both["b_md5"].notna()
-    # checksums of different algorithms (XXH3-64: 16 hex digits, MD5 of older dumps: 32, msprobe's
-    # CRC-32: 8) have different lengths and say nothing about each other
-    same_algo = both["d_md5"].astype(str).str.len() == both["b_md5"].astype(str).str.len()
-    if (has_md5 & ~same_algo).any():
-        log.warning("the two dumps' checksums come from different algorithms (e.g. an older dump's MD5 against "
-                    "XXH3-64): they are not compared; re-dump both sides with the same torchparity version")
-    has_md5 &= same_algo
-    eq = (both["d_md5"] == both["b_md5"]).astype(object)
-    rows["md5_equal"] = eq.where(has_md5, None)
-    error = sm["stat_error"]
-    same_dtype = (both["d_dtype"] == both["b_dtype"]).to_numpy()
-    comparable = has_md5.to_numpy() & same_dtype
-    rows["md5_differs"] = comparable & (both["d_md5"] != both["b_md5"]).to_numpy()
-    rows["md5_comparable"] = comparable
-    # scalar arguments
-    kind = rows["kind"].to_numpy()
-    scalar = (kind == "scalar") & (rows["match"].to_numpy() != "unmatched")
-    rows["device_value"] = both["d_value"]
-    rows["bench_value"] = both["b_value"]
-    differs = np.zeros(n, dtype=bool)
-    if scalar.any():
-        idx = np.flatnonzero(scalar)
-        dv, bv = both["d_value"].to_numpy()[idx], both["b_value"].to_numpy()[idx]
-        differs[idx] = [not _same_value(x, y) for x, y in zip(dv, bv)]
-    rows["value_differs"] = differs
-    unmatched = rows["match"].to_numpy() == "unmatched"
-    error = np.where(unmatched | (kind != "tensor"), np.nan, error)
-    rows["error"] = error
-    rec_differs = pd.Series(differs).groupby(rid).transform("max").to_numpy(dtype=bool) if n else differs
-    rows["args_differ"] = rec_differs & (rid >= 0)
-    return rows
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, (int, float)) or isinstance(b, float) and isinstance(a, (int, float)):
-        if math.isnan(a) and math.isnan(b):
-            return True
-        return a == b or abs(a - b) <= 1e-6 * max(abs(a), abs(b))
-    if isinstance(a, str) and isinstance(b, str) and ("float" in a or "bfloat" in b or "float" in b):
-        return True  # dtype arguments differ legitimately between a low-precision run and its benchmark
-    return bool(a == b)
-
-
-def _order(rid: np.ndarray, brid: np.ndarray, both: Any) -> np.ndarray:
-    """Execution order of the device record; bench-only rows are placed after the device record
-    paired with the closest earlier bench record."""
-    order = rid.astype("float64")
-    bonly = rid < 0
-    if bonly.any():
-        m = (rid >= 0) & (brid >= 0)
-        pb, pd_ = brid[m], rid[m]
-        if len(pb):
-            srt = np.argsort(pb, kind="stable")
-            pb, pd_ = pb[srt], pd_[srt]
-            k = np.searchsorted(pb, brid[bonly], side="right") - 1
-            order[bonly] = np.where(k >= 0, pd_[np.clip(k, 0, None)] + 0.5, -0.5)
-        else:
-            order[bonly] = -0.5
-    return order
-
-
-def _add_tensor_metrics(rows: Any, both: Any, warnings: list[str], allow_partial: bool = False) -> None:
-    """Full-tensor metrics for rows whose two tensors were saved (tensor mode)."""
-    dt, bt = both["d_tensor"].to_numpy(), both["b_tensor"].to_numpy()
-    idx = [i for i in range(len(rows)) if dt[i] is not None and bt[i] is not None
-           and not (isinstance(dt[i], float)) and not (isinstance(bt[i], float))]
-    if not idx:
-        return
-    unreadable = 0
-    first_msg = ""
-    cols = {c: rows[c].to_numpy(dtype=object).copy() for c in metrics.TENSOR_METRICS}
-    err = rows["error"].to_numpy(dtype="float64").copy()
-    nfm = rows["nonfinite_mismatch"].to_numpy(dtype=bool).copy()
-    reasons = np.full(len(rows), "", dtype=object)
-    from ..dump.reader import TensorLoader
-
-    loader = TensorLoader()
-    for i in idx:
-        try:
-            a, b = loader.load(dt[i]), loader.load(bt[i])
-        except DumpError as exc:
-            if not allow_partial:
-                raise DumpError(f"{exc}; pass --allow-partial (allow_partial=True) to compare those rows on "
-                                f"statistics only") from None
-            unreadable += 1
-            first_msg = first_msg or str(exc)
-            reasons[i] = "tensor file unreadable: judged on statistics only"
-            continue
-        if a.numel() != b.numel():
-            reasons[i] = f"shape differs ({tuple(a.shape)} vs {tuple(b.shape)})"
-            continue
-        m = metrics.tensor_metrics(a, b)
-        for c in metrics.TENSOR_METRICS:
-            cols[c][i] = m[c]
-        nfm[i] = nfm[i] or m["nonfinite_mismatch"]
-        if rows["match"].iat[i] != "unmatched":
-            err[i] = m["rel_l2"]
-    loader.close()
-    for c in metrics.TENSOR_METRICS:
-        rows[c] = cols[c] if c == "worst_index" else cols[c].astype("float64")
-    rows["error"] = err
-    rows["nonfinite_mismatch"] = nfm
-    rows["note"] = reasons
-    if unreadable:
-        warnings.append(f"{unreadable} saved tensor(s) could not be read, those rows were compared on statistics "
-                        f"only (first: {first_msg})")
-
-
 def _mode(rows: Any) -> str:
     if rows["cosine"].notna().any():
         return "tensor"
     if rows["md5_equal"].notna().any():
         return "md5"
     return "statistics"
-
-
-def _summary(rows: Any, dev: Any, ben: Any, mode: str, root: Suspect | None, per_pair: list[dict[str, Any]],
-             warnings: list[str], threshold: float, checkers: list[Any], elapsed: float) -> dict[str, Any]:
-    v = rows["verdict"].value_counts().to_dict()
-    um = rows["match"] == "unmatched"
-    first = None
-    if root is not None:
-        first = {"step": root.step, "rank": root.rank, "name": root.name, "index": root.index, "op": root.op,
-                 "module": root.module, "phase": root.phase}
-    diverged_pairs = [p for p in per_pair if p["root_cause"]]
-    return {
-        "device_dump": str(dev.path), "bench_dump": str(ben.path),
-        "device_format": dev.format, "bench_format": ben.format, "mode": mode,
-        "steps": sorted({p["step"] for p in per_pair}), "ranks": sorted({p["rank"] for p in per_pair}),
-        "n_rows": int(len(rows)), "n_compared": int((~um).sum()),
-        "n_unmatched_device": int((um & (rows["device_record_id"] >= 0)).sum()),
-        "n_unmatched_bench": int((um & (rows["device_record_id"] < 0)).sum()),
-        "n_pass": int(v.get("pass", 0)), "n_warning": int(v.get("warning", 0)), "n_error": int(v.get("error", 0)),
-        "n_skip": int(v.get("skip", 0)),
-        "diverged": root is not None or int(v.get("error", 0)) > 0,
-        "first_divergence": first,
-        "diverged_pairs": [{"step": p["step"], "rank": p["rank"], "root_cause": p["root_cause"]} for p in diverged_pairs],
-        "pairs": per_pair,
-        "threshold": threshold,
-        "checkers": [c.name for c in checkers] or ["builtin"],
-        "elapsed_s": round(elapsed, 3),
-        "warnings": warnings,
-    }
-
-
-def _report(result: CompareResult, reg: Any, formats: Any, warnings: list[str]) -> None:
-    wanted = _normalise_formats(formats)
-    if reg is None:
-        return
-    reporters = reg.reporters
-    if wanted is None:
-        if result.output_dir is None:
-            return
-        names = list(reporters)
-    else:
-        names = wanted
-        missing = [n for n in names if n not in reporters]
-        for n in missing:
-            warnings.append(f"no reporter named '{n}' is installed (installed: {', '.join(reporters) or 'none'}); "
-                            f"skipped that format")
-        names = [n for n in names if n in reporters]
-    if not names:
-        return
-    out = result.output_dir or Path("torchparity_compare")
-    out.mkdir(parents=True, exist_ok=True)
-    result.output_dir = out
-    for n in names:
-        try:
-            result.reports[n] = list(reporters[n].write(result, out) or [])
-        except TorchparityError:
-            raise
-        except Exception as exc:
-            warnings.append(f"reporter '{n}' failed ({type(exc).__name__}: {exc}); its report is missing")

@@ -22,6 +22,8 @@ import difflib
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from ..errors import UsageError
 
 REC_KEYS = ["phase", "mkey", "op"]
@@ -78,12 +80,37 @@ def map_module(path: str, mapping: Mapping[str, str]) -> str:
     return ".".join(mapping.get(p, p) for p in path.split("."))
 
 
+def _text(v: Any, missing: str) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return missing
+    return v if isinstance(v, str) else str(v)
+
+
+def text_column(s: Any, missing: str = "") -> Any:
+    """``s`` as an object Series of Python ``str``: missing values (None/NaN) become ``missing``.
+
+    Not ``astype(str)``: pandas >= 3 keeps missing values as NaN there (a float in what the
+    callers join as text), pandas < 3 turns them into ``"None"``/``"nan"``. Computed once per
+    distinct value; unhashable values (a list where a name belongs, in a damaged dump) are
+    converted one by one.
+    """
+    import pandas as pd
+
+    vals = s.to_numpy(dtype=object)
+    try:
+        codes, uniq = pd.factorize(vals)
+    except TypeError:  # unhashable values
+        return pd.Series([_text(v, missing) for v in vals], index=s.index, dtype=object)
+    labels = np.array([_text(u, missing) for u in uniq] + [missing], dtype=object)
+    return pd.Series(labels[codes], index=s.index, dtype=object)
+
+
 def record_table(rows: Any, mapping: Mapping[str, str] | None = None) -> Any:
     """One line per record: record_id, phase, module, mkey (mapped module), op, call_index, sig."""
     import pandas as pd
 
     rec = rows.drop_duplicates("record_id")[["record_id", "name", "phase", "module", "op", "call_index", "level"]].copy()
-    mods = rec["module"].astype(str)
+    mods = text_column(rec["module"])
     if mapping:
         uniq = {m: map_module(m, mapping) for m in mods.unique()}
         rec["mkey"] = mods.map(uniq)
@@ -99,7 +126,7 @@ def _signatures(rows: Any, rids: Any) -> dict[int, str]:
     sub = rows[rows["record_id"].isin(rids)]
     if not len(sub):
         return {}
-    s = sub["io"].astype(str) + ":" + sub["shape"].astype(str)
+    s = text_column(sub["io"]) + ":" + text_column(sub["shape"], missing="-")
     return s.groupby(sub["record_id"], sort=False).agg("|".join).to_dict()
 
 

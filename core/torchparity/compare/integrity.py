@@ -1,0 +1,186 @@
+"""What could not be compared: never counted as agreeing.
+
+* :func:`clean_identity`: a record field that should be a name (``op``, ``module``...) but holds
+  a list, a number or an object (a damaged dump) is turned into text so that matching cannot
+  crash on it, and reported as damage (the caller refuses the dump unless ``allow_partial``).
+* :func:`not_compared`: paired tensor rows whose numbers are missing (no error estimate, or a
+  statistic missing on one side that NaN/Inf counts do not explain). Their ``pass``/``skip``
+  verdict becomes ``skip`` with a reason starting ``not compared:``; the summary counts them and
+  the CLI never exits 0 ("the runs agree") while any exist.
+* :func:`accepted_by_checkers`: a suspect whose output a checker plugin passes (a per-op tolerance
+  the user configured) is dropped from the suspects.
+* :func:`agree_with_suspects`: the outputs of an op the root-cause analysis names are verdict
+  ``error`` whatever the installed checkers said (or did not say), so that a summary never
+  reads "N pass, 0 error" beside a root cause.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .metrics import STATS, numel
+
+#: record fields that must be text (or missing) for matching and the reports
+IDENTITY_COLUMNS = ("name", "op", "module", "phase", "level", "io", "arg", "kind", "dtype")
+#: reason prefix of rows that could not be compared
+NOT_COMPARED = "not compared: "
+
+
+def clean_identity(frame: Any, rel: str, problems: list[str]) -> None:
+    """Turn non-text values of :data:`IDENTITY_COLUMNS` into text, in place; append one damage
+    message per column that had any (``rel`` names the step/rank)."""
+    import pandas as pd
+
+    from ..dump.reader import Damage
+    from .matching import text_column
+
+    if not len(frame):
+        return
+    for c in IDENTITY_COLUMNS:
+        if c not in frame.columns:
+            continue
+        vals = frame[c].to_numpy(dtype=object)
+        if pd.api.types.infer_dtype(vals, skipna=True) in ("string", "empty"):  # in C: the usual case
+            continue
+        try:  # one type check per distinct value (missing values get code -1: the last, False)
+            codes, uniq = pd.factorize(vals)
+            bad = np.array([not isinstance(u, str) for u in uniq] + [False], dtype=bool)[codes]
+        except TypeError:  # unhashable values (lists, dicts): one by one
+            bad = np.fromiter((v is not None and not isinstance(v, str) and not (isinstance(v, float) and v != v)
+                               for v in vals), dtype=bool, count=len(vals))
+        if not bad.any():
+            continue
+        i = int(np.flatnonzero(bad)[0])
+        rid = frame["record_id"].iat[i] if "record_id" in frame.columns else "?"
+        shown = repr(vals[i])
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        problems.append(Damage(f"{rel}: {int(bad.sum())} tensor entr{'y has' if bad.sum() == 1 else 'ies have'} "
+                               f"a '{c}' that is not text (first: record {rid}: {shown}); that record cannot be "
+                               f"trusted - re-dump, or compare the rest with --allow-partial"))
+        frame[c] = text_column(frame[c])
+
+
+def not_compared(rows: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: whether it is a paired tensor whose numbers are missing, and why (text)."""
+    n = len(rows)
+    reason = np.full(n, "", dtype=object)
+    if not n:
+        return np.zeros(0, dtype=bool), reason
+    paired = (rows["match"].to_numpy() != "unmatched") & (rows["kind"].to_numpy(dtype=object) == "tensor")
+    err = rows["error"].to_numpy(dtype="float64")
+    n_d = numel(rows["device_shape"].tolist())
+    n_b = numel(rows["bench_shape"].tolist())
+    empty = (n_d == 0) & (n_b == 0)  # empty tensors carry no statistics: equal shapes are all there is
+    no_error = paired & np.isnan(err) & ~empty
+    reason[no_error] = NOT_COMPARED + "no statistics to compare on at least one side"
+    full = rows["rel_l2"].to_numpy(dtype="float64") if "rel_l2" in rows.columns else np.full(n, np.nan)
+    partial = np.zeros(n, dtype=bool)
+    for side, other in (("device", "bench"), ("bench", "device")):
+        nan_c = rows[f"{side}_nan"].to_numpy(dtype="float64")
+        inf_c = rows[f"{side}_inf"].to_numpy(dtype="float64")
+        explained = (np.nan_to_num(nan_c, nan=0.0) > 0) | (np.nan_to_num(inf_c, nan=0.0) > 0)
+        for s in STATS:
+            miss = (np.isnan(rows[f"{side}_{s}"].to_numpy(dtype="float64"))
+                    & ~np.isnan(rows[f"{other}_{s}"].to_numpy(dtype="float64")) & ~explained)
+            hit = paired & miss & np.isnan(full) & ~no_error & ~partial
+            reason[hit] = NOT_COMPARED + f"the {side} dump's '{s}' statistic is missing or not a number"
+            partial |= hit
+    return no_error | partial, reason
+
+
+def apply_not_compared(rows: Any) -> int:
+    """Mark the rows :func:`not_compared` finds (in place): a ``pass`` or ``skip`` verdict becomes
+    ``skip`` with the reason; warnings and errors a checker found stay. Returns how many rows."""
+    import pandas as pd
+
+    mask, why = not_compared(rows)
+    if not mask.any():
+        return 0
+    verdict = rows["verdict"].to_numpy(dtype=object).copy()
+    reason = rows["reason"].to_numpy(dtype=object).copy()
+    who = rows["checker"].to_numpy(dtype=object).copy()
+    soft = mask & np.isin(verdict, ["pass", "skip"])
+    verdict[soft], reason[soft], who[soft] = "skip", why[soft], ""
+    rows["verdict"] = pd.Series(verdict, index=rows.index, dtype=object)
+    rows["reason"] = pd.Series(reason, index=rows.index, dtype=object)
+    rows["checker"] = pd.Series(who, index=rows.index, dtype=object)
+    return int(mask.sum())
+
+
+class _RecordRows:
+    """Row positions of each device record, by (step, rank, record id): one grouping, then a
+    dictionary lookup per suspect (not a scan of every row per suspect)."""
+
+    def __init__(self, rows: Any, suspects: Sequence[Any]) -> None:
+        rid = rows["device_record_id"].to_numpy()
+        near = np.flatnonzero(np.isin(rid, np.array(sorted({s.index for s in suspects}), dtype=rid.dtype)))
+        step, rank = rows["step"].to_numpy()[near], rows["rank"].to_numpy()[near]
+        self.groups: dict[tuple[int, int, int], np.ndarray] = {}
+        for k, (a, b, c) in enumerate(zip(step.tolist(), rank.tolist(), rid[near].tolist())):
+            self.groups.setdefault((a, b, c), []).append(int(near[k]))  # type: ignore[arg-type]
+        self.groups = {k: np.array(v, dtype=np.int64) for k, v in self.groups.items()}
+        self.io = rows["io"].to_numpy(dtype=object)
+        self.tensor = rows["kind"].to_numpy(dtype=object) == "tensor"
+        self.err = rows["error"].to_numpy(dtype="float64")
+
+    def of(self, s: Any) -> np.ndarray:
+        """Positions of the rows behind a suspect: its worst output row (an op), or its worst
+        entering parameter or input row (a source); all of them when none has an error estimate."""
+        idx = self.groups.get((s.step, s.rank, s.index))
+        if idx is None:
+            return np.empty(0, dtype=np.int64)
+        idx = idx[self.tensor[idx]]
+        io = self.io[idx]
+        idx = idx[np.isin(io, ["output", "grad"])] if s.kind == "op" else \
+            idx[io == ("param" if s.kind == "parameter" else "input")]
+        e = self.err[idx]
+        if len(idx) and (~np.isnan(e)).any():
+            idx = idx[e >= np.nanmax(e)]
+        return idx
+
+
+def accepted_by_checkers(rows: Any, suspects: Sequence[Any]) -> list[tuple[Any, str]]:
+    """Suspects (ops) whose rows a checker plugin judged ``pass``: a tolerance the user configured
+    (a per-op override) accepts that error. Returns (suspect, checker name) pairs."""
+    out: list[tuple[Any, str]] = []
+    if not len(rows):
+        return out
+    verdict = rows["verdict"].to_numpy(dtype=object)
+    who = rows["checker"].to_numpy(dtype=object)
+    ops = [s for s in suspects if s.kind == "op"]
+    if not ops:
+        return out
+    index = _RecordRows(rows, ops)
+    for s in ops:
+        hit = index.of(s)
+        if len(hit) and (verdict[hit] == "pass").all() and all(w not in ("", "builtin") for w in who[hit]):
+            out.append((s, str(who[hit][0])))
+    return out
+
+
+def agree_with_suspects(rows: Any, suspects: Sequence[Any]) -> int:
+    """Give the rows behind each suspect at least an ``error`` verdict (in place): an op's output
+    rows, or for a parameter/input source the entering tensor rows. Returns the rows changed."""
+    import pandas as pd
+
+    if not suspects or not len(rows):
+        return 0
+    verdict = rows["verdict"].to_numpy(dtype=object).copy()
+    reason = rows["reason"].to_numpy(dtype=object).copy()
+    who = rows["checker"].to_numpy(dtype=object).copy()
+    changed = 0
+    index = _RecordRows(rows, suspects)
+    for s in suspects:
+        hit = index.of(s)
+        hit = hit[verdict[hit] != "error"]
+        if len(hit):
+            verdict[hit] = "error"
+            reason[hit] = f"root cause analysis: {s.reason}"
+            who[hit] = "rootcause"
+            changed += len(hit)
+    rows["verdict"] = pd.Series(verdict, index=rows.index, dtype=object)
+    rows["reason"] = pd.Series(reason, index=rows.index, dtype=object)
+    rows["checker"] = pd.Series(who, index=rows.index, dtype=object)
+    return changed
