@@ -33,24 +33,6 @@ def dumps(graph_dump: Callable[..., Path]) -> dict[str, Path]:
             "mul": graph_dump("mul", extra_clone_in="layers.0.mlp", extra_op="mul")}
 
 
-def _signatures_broken() -> bool:
-    """compare/matching.py's pandas-3 NaN bug (fixed by the compare slice of issue 13)."""
-    import pandas as pd
-
-    from torchparity.compare.matching import _signatures
-
-    rows = pd.DataFrame({"record_id": [0, 0], "io": ["input", None], "shape": [(1,), None]})
-    try:
-        _signatures(rows, [0])
-    except TypeError:
-        return True
-    return False
-
-
-needs_compare_fix = pytest.mark.xfail(_signatures_broken(), reason="compare/matching.py _signatures pandas-3 "
-                                      "traceback, fixed in the compare slice", strict=True)
-
-
 def _smoke(page: Path, *args: str) -> dict:
     node = shutil.which("node")
     if node is None:
@@ -131,7 +113,6 @@ def test_compare_grades_nodes_by_error_size(dumps: dict[str, Path], tmp_path: Pa
 
 # ---- manual matching -----------------------------------------------------------------------
 
-@needs_compare_fix
 def test_manual_match_in_page_and_back_through_the_cli(dumps: dict[str, Path], tmp_path: Path) -> None:
     g = compare_graphs(dumps["clone"], dumps["mul"])
     dev = [n for n in g.nodes.values() if n.side == "device"]
@@ -166,7 +147,6 @@ def test_manual_match_in_page_and_back_through_the_cli(dumps: dict[str, Path], t
     assert data["summary"]["n_pass"] == compare_graphs(dumps["clone"], dumps["mul"]).summary["n_pass"]
 
 
-@needs_compare_fix
 def test_manual_match_statistics_agree_between_page_and_python(dumps: dict[str, Path], tmp_path: Path) -> None:
     """Two records with different statistics: the page's index equals compare's stat metrics'."""
     g = compare_graphs(dumps["clone"], dumps["mul"])
@@ -199,7 +179,6 @@ def test_match_file_errors(tmp_path: Path) -> None:
     assert m.modules == {"a.b": "a.c"} and m.records == {}
 
 
-@needs_compare_fix
 def test_unknown_match_is_a_warning_not_a_pass(dumps: dict[str, Path], tmp_path: Path) -> None:
     g = compare_graphs(dumps["clone"], dumps["mul"], matches={"records": {"Nope.0.forward": "Nada.1.forward"}})
     assert any("Nope.0.forward" in w and "ignored" in w for w in g.warnings)
@@ -289,7 +268,6 @@ def aten_dumps(graph_dump: Callable[..., Path]) -> dict[str, Path]:
     return {"aten": graph_dump("aten", level="aten"), "bf16": graph_dump("bf16", level="aten", dtype="bfloat16")}
 
 
-@needs_compare_fix
 def test_mismatched_inputs_never_traceback(dumps: dict[str, Path], aten_dumps: dict[str, Path], tmp_path: Path) -> None:
     mapping = tmp_path / "map.yaml"
     mapping.write_text("down_proj: down_projX\n")
@@ -305,7 +283,6 @@ def test_mismatched_inputs_never_traceback(dumps: dict[str, Path], aten_dumps: d
         assert data["mode"] == "compare" and data["legend"]
 
 
-@needs_compare_fix
 def test_renamed_module_keeps_both_sides(dumps: dict[str, Path]) -> None:
     """A mapping that renames a module to one the bench lacks: the bench's module of the old name
     is bench-only and must not overwrite the device module of that name."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import TorchparityError
 from ..results import CompareResult, Suspect
 from .integrity import NOT_COMPARED
 from .judge import UNCHECKED
@@ -114,13 +113,9 @@ def report(result: CompareResult, reg: Any, formats: Any, warnings: list[str]) -
         names = [n for n in names if n in reporters]
     if not names:
         return
-    out = result.output_dir or Path("torchparity_compare")
-    out.mkdir(parents=True, exist_ok=True)
-    result.output_dir = out
-    for n in names:
-        try:
-            result.reports[n] = list(reporters[n].write(result, out) or [])
-        except TorchparityError:
-            raise
-        except Exception as exc:
-            warnings.append(f"reporter '{n}' failed ({type(exc).__name__}: {exc}); its report is missing")
+    from ..plugin_types import write_reports  # one output-dir check; a failing reporter costs only its report
+
+    result.output_dir = Path(result.output_dir or "torchparity_compare")
+    written, problems = write_reports(result, reporters, names, result.output_dir)
+    result.reports.update(written)
+    warnings += problems
