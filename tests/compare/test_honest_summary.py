@@ -139,3 +139,35 @@ def test_a_truncated_dump_read_with_allow_partial_never_agrees(synth, tmp_path) 
     assert code == 2, text
     assert "the runs agree" not in text and len(_errors(text)) == 1
     assert "damaged part(s) of the dumps were skipped" in _errors(text)[0]
+
+
+def _dropout_like_dump(path: Path) -> Path:
+    """An aten dump whose ops write into uninitialised memory (``empty_like`` + ``copy_``, as
+    dropout and many HF layers do): the capture describes those tensors without measuring them."""
+    import torch
+
+    import torchparity
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+    with torchparity.dump(path, level="aten", mode="statistics"):
+        y = lin(x)
+        buf = torch.empty_like(y)
+        buf.copy_(y * 2)
+        buf.sum().backward()
+    return path
+
+
+def test_tensors_neither_dump_measured_are_not_missing_data(tmp_path) -> None:
+    """Two identical clean runs agree (exit 0) although uninitialised outputs carry no statistics
+    on either side; the same tensor measured on one side only stays 'not compared' (above)."""
+    a, b = _dropout_like_dump(tmp_path / "a"), _dropout_like_dump(tmp_path / "b")
+    code, text = run_cli(["compare", str(a), str(b)])
+    assert code == 0 and "could not be compared" not in text, text
+    import torchparity
+
+    res = torchparity.compare(a, b)
+    assert res.complete and res.summary["n_not_compared"] == 0
+    rows = res.rows[res.rows["op"].astype(object).str.contains("empty_like", na=False) & (res.rows["io"] == "output")]
+    assert len(rows) == 1 and rows["verdict"].iat[0] != "pass"  # described, never judged as agreeing

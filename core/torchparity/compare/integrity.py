@@ -73,7 +73,8 @@ def not_compared(rows: Any) -> tuple[np.ndarray, np.ndarray]:
     n_d = numel(rows["device_shape"].tolist())
     n_b = numel(rows["bench_shape"].tolist())
     empty = (n_d == 0) & (n_b == 0)  # empty tensors carry no statistics: equal shapes are all there is
-    no_error = paired & np.isnan(err) & ~empty
+    unmeasured = _measured_on_neither_side(rows)  # by design: uninitialised memory, overwritten destinations
+    no_error = paired & np.isnan(err) & ~empty & ~unmeasured
     reason[no_error] = NOT_COMPARED + "no statistics to compare on at least one side"
     full = rows["rel_l2"].to_numpy(dtype="float64") if "rel_l2" in rows.columns else np.full(n, np.nan)
     partial = np.zeros(n, dtype=bool)
@@ -88,6 +89,25 @@ def not_compared(rows: Any) -> tuple[np.ndarray, np.ndarray]:
             reason[hit] = NOT_COMPARED + f"the {side} dump's '{s}' statistic is missing or not a number"
             partial |= hit
     return no_error | partial, reason
+
+
+def _measured_on_neither_side(rows: Any) -> np.ndarray:
+    """Rows whose tensor neither dump measured: no statistic, checksum or saved value on either
+    side. The capture describes such tensors without measuring them on purpose (the result of
+    ``empty*``, the destination an in-place ``fill_``/``copy_``/``out=`` overwrites: their content is
+    uninitialised memory), so there is nothing to compare and nothing was lost. A tensor measured on
+    one side only is still "not compared"."""
+    n = len(rows)
+    measured = np.zeros(n, dtype=bool)
+    for side in ("device", "bench"):
+        for s in STATS:
+            col = f"{side}_{s}"
+            if col in rows.columns:
+                measured |= ~np.isnan(rows[col].to_numpy(dtype="float64"))
+        for col in (f"{side}_md5", f"{side}_value"):
+            if col in rows.columns:
+                measured |= rows[col].notna().to_numpy()
+    return ~measured
 
 
 def apply_not_compared(rows: Any) -> int:
