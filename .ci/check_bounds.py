@@ -4,7 +4,7 @@
     python .ci/check_bounds.py --versions   # ... and print the installed version of each dependency
     python .ci/check_bounds.py --lowest     # ... and fail unless each one is installed at its pin
 
-Every third-party dependency named in a pyproject.toml (dependencies and optional extras) or in
+Every third-party dependency named in a pyproject.toml (dependencies, optional extras, build-system) or in
 requirements.txt must have one pin ``name==version`` in the constraints file, and that pin must
 satisfy every specifier given for the name and lie in the release series of the lower bound
 (``numpy>=1.23`` allows ``numpy==1.23.2``, not ``1.24.0``): the "lowest" job then really tests the
@@ -69,6 +69,8 @@ def declared() -> dict[str, Declared]:
         for extra, deps in project.get("optional-dependencies", {}).items():
             for dep in deps:
                 add(dep, f"{rel} [{extra}]")
+        for dep in tomllib.loads(path.read_text()).get("build-system", {}).get("requires", []):
+            add(dep, f"{rel} [build-system]")
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if not line or line.startswith("-"):
