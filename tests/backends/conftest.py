@@ -160,6 +160,8 @@ class FakeCudaDevice:
         monkeypatch.setattr(c, "get_rng_state_all", lambda: [gen.get_state()])
         monkeypatch.setattr(c, "set_rng_state", lambda s, device="cuda": gen.set_state(s))
         monkeypatch.setattr(c, "manual_seed_all", lambda s: gen.manual_seed(s))
+        # torch < 2.2 optimizers ask the (absent) driver whether a CUDA graph is being captured
+        monkeypatch.setattr(c, "is_current_stream_capturing", lambda: False)
         for var in ("MACA_PATH", "MACA_HOME"):
             monkeypatch.delenv(var, raising=False)
         self.generator = gen

@@ -192,8 +192,8 @@ def match_records(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | N
             if not len(left_d) or not len(left_b):
                 return
             if keys == REC_KEYS:  # the integer key of the same columns (-1: a missing key, no group)
-                keys = ["gk"]
-                gb = {k: g for k, g in left_b.groupby(keys, sort=False) if k[0] >= 0}
+                keys = "gk"  # one scalar key (grouping by a one-item list yields scalars in pandas < 2, tuples after)
+                gb = {k: g for k, g in left_b.groupby(keys, sort=False) if k >= 0}
             else:
                 gb = {k: g for k, g in left_b.groupby(keys, sort=False)} if keys else {(): left_b}
             groups = left_d.groupby(keys, sort=False) if keys else [((), left_d)]
