@@ -16,6 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import ops as opinfo
+from .optim_names import OptimizerParamNames
 from .session import tool_is_busy
 from .session import CaptureSession, flat_args, flat_outputs
 
@@ -91,6 +92,22 @@ class AtenCaptureMode(TorchDispatchMode):
         # this mode sees every kernel, so every write: the session may reuse statistics
         if not collectives_only:
             session.reuse_stats = True
+        self._param_names = None if collectives_only else OptimizerParamNames(session.tracker)
+
+    def __enter__(self) -> "AtenCaptureMode":
+        if self._param_names is not None:
+            self._param_names.start()
+        try:
+            return super().__enter__()
+        except BaseException:
+            if self._param_names is not None:
+                self._param_names.stop()
+            raise
+
+    def __exit__(self, *exc: Any) -> Any:
+        if self._param_names is not None:
+            self._param_names.stop()
+        return super().__exit__(*exc)
 
     def _info(self, func: Any) -> _OpInfo:
         info = self._names.get(func)
@@ -172,6 +189,8 @@ class AtenCaptureMode(TorchDispatchMode):
                                       unmeasured=unmeasured)
             if unmeasured:
                 rec.flags["unmeasured"] = unmeasured
+            if phase == "optimizer" and self._param_names is not None:
+                rec.flags.update(self._param_names.flags(args, kwargs, out))
             s.note_outputs(rec.id, outs)
             if writes:
                 s.expect_version_bump(_written(args, kwargs, writes, lists=False))
