@@ -213,10 +213,12 @@ class ModuleTracker:
 def _sequence_nr() -> int | None:
     """The autograd sequence number the next node created on this thread will get (None if it
     cannot be read here)."""
-    try:
-        from .grad_capture import next_sequence_nr
+    from .grad_capture import next_sequence_nr
+    from .session import tool_work  # here: session imports this module
 
-        return next_sequence_nr()
+    try:
+        with tool_work():  # the probe node is the tool's own work: no capture mode records it
+            return next_sequence_nr()
     except (AttributeError, RuntimeError):
         return None
 
