@@ -83,8 +83,8 @@ def test_extra_op_is_unmatched(dumps: dict[str, Path]) -> None:
     assert extra and all(n.kind == "op" for n in extra)
     assert any("clone" in (n.op or "") for n in extra)
     assert all(n.status == "unmatched" for n in extra)
-    # a forward hook runs after its module returned: the clone belongs to the parent block
-    assert {n.parent for n in extra} == {"M:layers.0"}
+    # code in a module's forward hook belongs to the hooked module (issue 14; was the parent block)
+    assert {n.parent for n in extra} == {"M:layers.0.mlp"}
     assert g.node("layers.0").n_unmatched == len(extra) and g.node("layers.1").n_unmatched == 0
     assert g.node("layers.0").status != "unmatched"  # the module itself exists on both sides
     assert g.nodes[g.root].n_unmatched == len(extra)

@@ -34,6 +34,7 @@ class ModuleCapture:
         self._pending_bw: list[GradWatch] = []
         tracker.on_enter.append(self.on_enter)
         tracker.on_exit.append(self.on_exit)
+        tracker.want_seq = True  # backward attribution of the ops a module runs between its children
 
     def detach(self) -> None:
         if self.on_enter in self.tracker.on_enter:
@@ -88,7 +89,8 @@ class ModuleCapture:
                                name=module_record_name(frame.path, frame.cls, phase, frame.call_index))
         if torch.is_grad_enabled() and not frame.recompute:
             tag_graph(output, {"module": frame.path, "module_class": frame.cls,
-                               "fwd": rec.id if rec is not None else None, "node": None}, stop_at=stop)
+                               "fwd": rec.id if rec is not None else None, "node": None}, stop_at=stop,
+                       since=frame.seq0)
         if pending is None:
             return
         s.busy = True

@@ -11,9 +11,17 @@ Module paths are the ``named_modules()`` names relative to a root: the model pas
 :meth:`ModuleTracker.add_root`, or else the first module seen running with no known parent (its
 children are named on the fly, like ``ModuleTracker._get_mod_name`` does).
 
+A module's own forward hooks run inside its frame: what a hook computes (or writes) belongs to the
+hooked module, not to its parent. PyTorch runs the global forward hooks *before* the module's own
+ones, so for a module with forward hooks of its own the frame is closed by a hook of the tracker
+kept last in the module's hook table (see :meth:`ModuleTracker._pre`).
+
 Backward attribution: autograd nodes created while a module runs are tagged (in
 ``grad_fn.metadata``) with the module path by :func:`tag_graph`; during backward,
-:func:`current_backward_module` reads the tag of the node being executed.
+:func:`current_backward_module` reads the tag of the node being executed. With the autograd
+sequence number taken when the module was entered (``Frame.seq0``, when the tracker is asked for
+it), the walk goes through nodes its submodules tagged to reach the ones the module created between
+them (the MLP's ``mul`` before ``down_proj``), and never past the nodes created before the call.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ class Frame:
     cls: str
     call_index: int  # how many times this module path ran before in this step (0-based)
     recompute: bool  # forward re-run during backward (activation checkpointing)
+    seq0: int | None = None  # autograd sequence number of the first node this call may create
 
 
 def _in_backward() -> bool:
@@ -63,6 +72,10 @@ class ModuleTracker:
         self.on_exit: list[Callable[..., None]] = []
         self.known_modules: list[tuple[str, str, str | None]] = []  # (path, class, parent) first-seen
         self._roots: list[torch.nn.Module] = []
+        #: take each call's autograd sequence number at entry (Frame.seq0), for tag_graph(since=)
+        self.want_seq = False
+        # modules with forward hooks of their own -> the tracker's hook closing the frame after them
+        self._tails: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
 
     # ---- naming ----------------------------------------------------------------------------
     def add_root(self, model: torch.nn.Module, prefix: str = "") -> None:
@@ -121,6 +134,10 @@ class ModuleTracker:
         idx = self._counts.get(key, 0)
         self._counts[key] = idx + 1
         frame = Frame(module, path, type(module).__name__, idx, _in_backward())
+        if self.want_seq and not frame.recompute and torch.is_grad_enabled():
+            frame.seq0 = _sequence_nr()
+        if module._forward_hooks:
+            self._keep_tail_last(module)
         self.stack.append(frame)
         replaced = None
         for fn in self.on_enter:
@@ -129,7 +146,29 @@ class ModuleTracker:
                 replaced = new_args
         return replaced
 
+    def _keep_tail_last(self, module: torch.nn.Module) -> None:
+        """Make the tracker's own forward hook the module's last one (registered on first sight,
+        moved to the end if the user added hooks since): the frame closes after the user's hooks."""
+        hooks = module._forward_hooks
+        handle = self._tails.get(module)
+        if handle is None or handle.id not in hooks:
+            handle = module.register_forward_hook(lambda m, a, o: self._tail(m, a, o), always_call=True)
+            self._tails[module] = handle
+        elif next(reversed(hooks)) != handle.id:
+            hooks.move_to_end(handle.id)
+
+    def _tail(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        self._close(module, args, {}, output)
+
     def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        """The global forward hook: closes the frame unless the module's own hooks are still to
+        run (then :meth:`_tail` closes it, after them)."""
+        handle = self._tails.get(module)
+        if handle is not None and handle.id in module._forward_hooks:
+            return
+        self._close(module, args, kwargs, output)
+
+    def _close(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         stack = self.stack
         # pop until this module's frame (a forward that raised may have left frames behind)
         frame = None
@@ -156,6 +195,9 @@ class ModuleTracker:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for h in list(self._tails.values()):
+            h.remove()
+        self._tails = weakref.WeakKeyDictionary()
         self.stack.clear()
 
     def __enter__(self) -> "ModuleTracker":
@@ -168,13 +210,30 @@ class ModuleTracker:
 # ---- backward attribution ------------------------------------------------------------------
 
 
-def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY) -> None:
+def _sequence_nr() -> int | None:
+    """The autograd sequence number the next node created on this thread will get (None if it
+    cannot be read here)."""
+    from .grad_capture import next_sequence_nr
+    from .session import tool_work  # here: session imports this module
+
+    try:
+        with tool_work():  # the probe node is the tool's own work: no capture mode records it
+            return next_sequence_nr()
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY, since: int | None = None) -> None:
     """Tag the autograd nodes that produced ``outputs`` (and not yet tagged ones behind them).
 
     Walks ``grad_fn.next_functions`` from each output tensor and stops at nodes already tagged, so
     each node is tagged once, by the innermost module/op that created it. ``info`` is stored under
     ``node.metadata[key]`` (each torchparity component uses its own key, so their tags never
     override each other).
+
+    With ``since`` (the autograd sequence number taken when the call began) the walk covers
+    exactly the nodes the call created: it goes on through nodes already tagged (by submodules)
+    and stops at nodes older than ``since``, so an op run between two submodules is tagged too.
     """
     from torch.utils._pytree import tree_flatten
 
@@ -194,11 +253,18 @@ def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY
             meta = node.metadata
         except (AttributeError, RuntimeError):  # AccumulateGrad and C++-only nodes
             continue
-        if key in meta:
+        if since is not None:
+            try:
+                if node._sequence_nr() < since:
+                    continue
+            except (AttributeError, RuntimeError):
+                continue
+        elif key in meta:
             continue
         if stop_at is not None and any(node is n for n in stop_at):
             continue
-        meta[key] = info
+        if key not in meta:
+            meta[key] = info
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
 
 

@@ -12,6 +12,18 @@ import torch
 COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor"})
 #: ops whose result is uninitialised memory or pure metadata: never judged numerically
 UNINITIALISED_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "set_", "resize_"})
+#: outputs that are a fused kernel's opaque scratch memory (workspace / reserve space), by op:
+#: their bytes are not a result (uninitialised padding, layout private to the kernel and its
+#: dtype), so they are described, never measured, compared or re-computed
+WORKSPACE_OUTPUTS: dict[str, frozenset[int]] = {
+    "mkldnn_rnn_layer": frozenset({3}), "_cudnn_rnn": frozenset({3}), "miopen_rnn": frozenset({3}),
+    "cudnn_batch_norm": frozenset({3}), "_batch_norm_with_update": frozenset({3}),
+    "_batch_norm_no_update": frozenset({3}), "_batch_norm_impl_index": frozenset({3}),
+}
+#: argument names (from the op schemas) of such a workspace handed back to the backward kernel
+WORKSPACE_ARGS = frozenset({"workspace", "reserve", "reserveSpace", "reservedSpace", "reserve_space"})
+#: schema result names that are scratch too (flash attention's ``unused``)
+_WORKSPACE_RESULT_NAMES = frozenset({"unused"})
 #: ops whose *indices* depend on ties: compare values only
 TIE_SENSITIVE_OPS = frozenset({"sort", "topk", "argmax", "argmin", "argsort", "max", "min", "kthvalue", "mode", "median", "nanmedian", "unique", "_unique2", "unique_consecutive", "msort", "cummax", "cummin"})
 
@@ -67,3 +79,25 @@ def is_uninitialised(func: Any) -> bool:
 
 def is_tie_sensitive(func: Any) -> bool:
     return base_name(func) in TIE_SENSITIVE_OPS
+
+
+def workspace_outputs(func: Any) -> frozenset[int]:
+    """Indices of the op's results that are opaque workspace memory (see :data:`WORKSPACE_OUTPUTS`)."""
+    found = set(WORKSPACE_OUTPUTS.get(base_name(func), ()))
+    schema = getattr(func, "_schema", None)
+    if schema is not None:
+        found.update(i for i, r in enumerate(schema.returns) if r.name in _WORKSPACE_RESULT_NAMES)
+    return frozenset(found)
+
+
+def workspace_inputs(func: Any) -> frozenset[str]:
+    """Argument keys (position as a string, and name) of the workspace inputs the op consumes
+    (``mkldnn_rnn_layer_backward``'s ``workspace``, ``_cudnn_rnn_backward``'s ``reserve``...)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return frozenset()
+    keys: set[str] = set()
+    for i, a in enumerate(schema.arguments):
+        if a.name in WORKSPACE_ARGS:
+            keys.update((str(i), a.name))
+    return frozenset(keys)

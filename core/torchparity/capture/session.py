@@ -14,7 +14,7 @@ import math
 import os
 import threading
 from weakref import ref as _weakref
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -25,6 +25,7 @@ from ..records import OpRecord, TensorEntry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .stacks import StackTable
 from .stats import host_stats, stats_to_dict, stats_tensor, tensor_checksum
+from .uninit import UninitStorages
 
 _SCALAR_TYPES = (int, float, bool, str, type(None))
 
@@ -175,6 +176,7 @@ class CaptureSession:
         self._api_reuse = False  # set by the API mode: reuse unless torch.distributed is initialised
         self._measured = TensorMemo()
         self._write_gen: dict[int, int] = {}
+        self.uninit = UninitStorages()  # storages made by empty* and not written yet (aten level)
         self._pending: list[OpRecord] = []
         self._pending_stats: list[torch.Tensor] = []
         self._pending_slots: list[TensorEntry] = []
@@ -329,12 +331,15 @@ class CaptureSession:
 
     # ---- tensors ---------------------------------------------------------------------------
     def describe(self, values: Iterable[tuple[str, Any]], io: str, rid: int, link: bool,
-                 no_values: frozenset[str] = frozenset()) -> list[TensorEntry]:
+                 no_values: Collection[str] = frozenset(),
+                 unmeasured: dict[str, str] | None = None) -> list[TensorEntry]:
         """Tensor entries for (arg, value) pairs; statistics are queued on the device.
 
         Args named in ``no_values`` hold memory whose content means nothing (the destination of
-        ``fill_``/``normal_``/``copy_``, ``out=``, the result of ``empty``): their metadata is
-        recorded, their values are not (they would differ run to run)."""
+        ``fill_``/``normal_``/``copy_``, ``out=``, the result of ``empty``, a kernel's workspace),
+        and so does a tensor whose storage :attr:`uninit` holds: their metadata is recorded, their
+        values are not (they would differ run to run). With ``unmeasured``, each such tensor adds
+        ``"<io>.<arg>": reason`` to it (``no_values`` may map arg -> reason)."""
         o = self.options
         entries: list[TensorEntry] = []
         want_io = o.io is None or (io in o.io) or (io in ("param", "grad") and "input" in o.io)
@@ -350,7 +355,12 @@ class CaptureSession:
                     prod = self._producers.get(v)
                     if prod is not None and prod[2] == v._version:
                         e.producer = [prod[0], prod[1]]
-                if want_io and arg not in no_values:
+                why = no_values.get(arg, "not a value") if isinstance(no_values, dict) and arg in no_values \
+                    else ("not a value" if arg in no_values else ("uninitialised memory" if self.uninit.holds(v) else None))
+                if why is not None:
+                    if unmeasured is not None:
+                        unmeasured[f"{io}.{arg}"] = why
+                elif want_io:
                     self._measure(v, e)
                 entries.append(e)
             else:
@@ -431,7 +441,10 @@ class CaptureSession:
             self.reuse_stats = True
 
     def note_writes(self, tensors: Iterable[Any]) -> None:
-        """An op wrote into these tensors: statistics measured through any alias are stale."""
+        """An op wrote into these tensors: statistics measured through any alias are stale (and
+        their memory is no longer uninitialised)."""
+        tensors = list(tensors)
+        self.uninit.written(tensors)
         for t in tensors:
             if isinstance(t, torch.Tensor):
                 try:

@@ -32,6 +32,7 @@ class OpLocator:
         if model is not None:
             self.tracker.add_root(model)
         self.tracker.on_exit.append(self._tag_backward)
+        self.tracker.want_seq = True
         self.in_optimizer = False
         self._first_optimizer: int | None = None
         self._hooks: list[Any] = []
@@ -84,7 +85,7 @@ class OpLocator:
 
     # ---- where ----------------------------------------------------------------------------
     def _tag_backward(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
-        tag_graph(output, (frame.path, frame.cls), key=_META_KEY)
+        tag_graph(output, (frame.path, frame.cls), key=_META_KEY, since=frame.seq0)
 
     def where(self) -> tuple[str, str, str | None]:
         """(phase, module path, module class) of the op running now."""
