@@ -143,7 +143,9 @@ class NanInfFinding:
 
     ``kind`` is ``"created"`` (the op turned finite inputs into a NaN/Inf: the culprit) or
     ``"entered"`` (no op created it in this step; the op read a non-finite tensor that no tracked
-    op produced, e.g. a parameter or a batch that already held NaN).
+    op produced, e.g. a parameter or a batch that already held NaN). ``"absorbed"`` (in
+    :attr:`NanInfTracker.absorbed`, not a finding): a creation site whose NaN/Inf never reached
+    the loss, a gradient, a parameter, optimizer state or the model's output.
     """
 
     kind: str
@@ -161,6 +163,9 @@ class NanInfFinding:
             if self.module else "outside any module"
         if self.kind == "created":
             what = f"produced {self.value} from finite inputs"
+        elif self.kind == "absorbed":
+            what = f"produced {self.value} from finite inputs; absorbed (it reached no loss, gradient, " \
+                "parameter or model output)"
         else:
             what = f"read a tensor that already held {self.value} (no tracked op created it in this step)"
         return f"step {self.step}: {self.name} ({self.op}) {where}, {self.phase}: {what}"
@@ -219,6 +224,7 @@ class _Pending:
     bad_ext_ops: list[int] = field(default_factory=list)  # non-finite external CPU input
     bad_out_ops: list[int] = field(default_factory=list)  # non-finite CPU output (Inf)
     nan_out_ops: list[int] = field(default_factory=list)  # NaN CPU output
+    force_ops: list[int] = field(default_factory=list)  # a NaN scalar argument: a creation whatever the inputs
 
     def __len__(self) -> int:
         return len(self.in_val) + len(self.ext_val) + len(self.out_val)
@@ -280,6 +286,8 @@ class NanInfTracker:
         self.steps = None if steps is None else frozenset(int(s) for s in steps)
         self.report_entered = report_entered
         self.findings: list[NanInfFinding] = []
+        #: creation sites whose NaN/Inf never reached a sink (information, not findings)
+        self.absorbed: list[NanInfFinding] = []
         self.current_step = 0
         self._mode: _Mode | None = None
         self._tracker: ModuleTracker | None = None
@@ -364,8 +372,16 @@ class NanInfTracker:
         self._counters: dict[tuple[str, str, str], int] = {}
         self._seq = 0  # tracked (checked) ops so far in this step
         # host-judged (CPU) ops: the first culprit (seq, name row, value) and first external reader
-        self._host_culprit: tuple[int, tuple, str] | None = None
         self._host_entered: tuple[int, tuple] | None = None
+        # creation sites of the step (seq, name row, value); bit i of a fact's mask (fact >> 2)
+        # says "holds values created at site i"; _harm: sites whose values reached a sink
+        self._sites: list[tuple[int, tuple, str]] = []
+        self._harm = 0
+        self._sunk = False  # a sink ran this step (backward, optimizer, the root module's exit)
+        self._lost = False  # a sink held NaN/Inf of no known site (then every site is harmful)
+        self._wsites: dict[int, int] = {}  # storage ptr -> sites written into it in place
+        self._site_ix: dict[tuple, int] = {}
+        self._dev_keys: list[torch.Tensor] = []  # device fold: every culprit key, per fold
         # CPU outputs whose screens wait for their consumer's (see _resolve)
         self._chain: list[list[Any]] = []
         self._pend: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (tensor, chain index)
@@ -390,15 +406,17 @@ class NanInfTracker:
 
     def _end_step(self, raise_now: bool, advance: bool = True) -> None:
         with self._lock:
-            finding = self._read() if self._active else None
-            if self._host_culprit is not None:
-                self._stale = True  # nothing was measured after the culprit
-            if finding is not None and finding.kind == "entered" and (
+            found, absorbed = self._collect() if self._active else ([], [])
+            if found and found[0].kind == "entered" and (
                     self.first is not None or any(f.kind == "entered" for f in self.findings)):
-                finding = None  # data/parameter NaN is reported once, and only before any culprit
-            if finding is not None:
-                self.findings.append(finding)
-                log.warning("%s %s", MARKER, finding)
+                found = []  # data/parameter NaN is reported once, and only before any culprit
+            for f in found:
+                self.findings.append(f)
+                log.warning("%s %s", MARKER, f)
+            for f in absorbed:
+                self.absorbed.append(f)
+                log.info("%s (absorbed, not a finding) %s", MARKER, f)
+            finding = found[0] if found else None
             if advance:
                 self.current_step += 1
             self._reset_step()
@@ -422,10 +440,30 @@ class NanInfTracker:
         return None
 
     def _module_exit(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
-        """Tag the autograd nodes this module created (innermost module wins) for backward ops."""
+        """Tag the autograd nodes this module created (innermost module wins) for backward ops;
+        the root module's output is a sink (see :meth:`_verdict`)."""
+        if frame.path == "" and not frame.recompute and self._mode is not None and self._active \
+                and self._host_read:
+            self._output_sink(output)
         if frame.recompute or not torch.is_grad_enabled():
             return
         tag_graph(output, (frame.path, frame.cls), stop_at=getattr(frame, "stop_nodes", None), key=_META_KEY)
+
+    def _output_sink(self, output: Any) -> None:
+        """The model's output is a sink: its NaN/Inf (and their sites) are harmful."""
+        with self._lock:
+            self._resolve()
+            state = _tool_state
+            state.busy = getattr(state, "busy", 0) + 1
+            try:
+                self._sunk = True
+                for t in _flat_tensors(output):
+                    if t.dtype in _FLOAT and t.layout == _STRIDED and t.numel() and t.is_cpu:
+                        f = self._entry(t)[3]
+                        if type(f) is int and f:
+                            self._sink(f >> 2)
+            finally:
+                state.busy -= 1
 
     def _phase(self) -> str:
         """The running op's phase (as :func:`where_now` names it), without the module lookup."""
@@ -478,8 +516,6 @@ class NanInfTracker:
         info = self._info.get(id(func))  # OpOverload.__hash__ is Python code; overloads live forever
         if info is None:
             info = self._op_info(func)
-        if self._host_culprit is not None:  # the step's culprit is known: nothing after it matters
-            return func(*args, **kwargs)
         if self._stale:
             self._clear_memo()
         kind = info.kind
@@ -508,6 +544,8 @@ class NanInfTracker:
             phase = self._phase()
         else:
             phase = "forward"
+        if phase != "forward":
+            self._sunk = True
         key = (info.prefix, info.base, phase)
         n = self._counters.get(key, 0)
         self._counters[key] = n + 1
@@ -583,39 +621,71 @@ class NanInfTracker:
             facts = [_FINITE] * len(chain) if last == _FINITE else [_host_fact(link[0]) for link in chain[:-1]] + [last]
         finally:
             state.busy -= 1
+        masks = [0] * len(chain)
+        for k, (_, info, n, seq, bad_in, bad_ext, deps, ctx, mask, create) in enumerate(chain):
+            for d in deps:
+                if facts[d]:
+                    bad_in = True
+                    mask |= masks[d]
+            if bad_ext and self._host_entered is None:
+                self._host_entered = (seq, self._row_of(info, n, ctx))
+            if facts[k]:
+                row = self._row_of(info, n, ctx)
+                masks[k] = self._verdict(seq, row, facts[k], bad_in or bad_ext, create, mask, ctx[0], ctx[1])
         memo = self._memo
         for t, k in pend.values():
             e = memo.get(t)
             if e is not None and e[3] is _PENDING:
-                memo[t] = (e[0], e[1], e[2], facts[k], e[4])
-        for k, (_, info, n, seq, bad_in, bad_ext, deps, ctx) in enumerate(chain):
-            if not bad_in:
-                for d in deps:
-                    if facts[d]:
-                        bad_in = True
-            out_fact = facts[k]
-            if bad_ext and self._host_entered is None:
-                self._host_entered = (seq, self._row_of(info, n, ctx))
-            if out_fact and not bad_in and not bad_ext and self._host_culprit is None:
-                self._host_culprit = (seq, self._row_of(info, n, ctx), "NaN" if out_fact == _NAN else "Inf")
-                return
+                memo[t] = (e[0], e[1], e[2], facts[k] | (masks[k] << 2), e[4])
+
+    def _verdict(self, seq: int, row: tuple, out_fact: int, bad: bool, create: bool, mask: int, phase: str,
+                 frame: Any) -> int:
+        """An op whose output holds NaN/Inf: a creation site (finite inputs, or a NaN scalar
+        argument) or a propagator of the sites in ``mask``. Returns the output's site mask.
+
+        Sinks (where a NaN/Inf is harmful): every op of the backward (gradients) and of the
+        optimizer (parameters, state), and forward ops outside any module (the loss, the user's
+        code); the root module's output is checked on its exit (:meth:`_module_exit`)."""
+        if create or not bad:
+            mask |= 1 << self._site(seq, row, "NaN" if out_fact & 3 == _NAN else "Inf")
+        if phase != "forward" or frame is None:
+            self._sink(mask)
+        return mask
+
+    def _site(self, seq: int, row: tuple, value: str) -> int:
+        """Index of the creation site of ``row`` (one per op, module and phase in a step)."""
+        key = (row[3], row[4], row[6])
+        i = self._site_ix.get(key)
+        if i is None:
+            i = self._site_ix[key] = len(self._sites)
+            self._sites.append((seq, row, value))
+        return i
+
+    def _sink(self, mask: int) -> None:
+        """NaN/Inf of the sites in ``mask`` reached a sink (no site known: ``_lost``)."""
+        self._sunk = True
+        if mask:
+            self._harm |= mask
+        else:
+            self._lost = True
 
     def _defer(self, t: torch.Tensor, info: _OpInfo, n: int, seq: int, phase: str, ins: list[tuple],
-               bad_scalar: bool) -> None:
+               bad_scalar: int) -> None:
         """Leave the screen of ``t`` (this op's only output, on the CPU) to its consumer."""
         step = self.current_step
-        bad_in, bad_ext, deps = bad_scalar, False, []
+        bad_in, bad_ext, deps, mask = bad_scalar == _INF, False, [], 0
         for e in ins:
             f = e[3]
             if f is _PENDING:
                 deps.append(e[5])
             elif f:
+                mask |= f >> 2
                 if e[4] == step:
                     bad_in = True
                 else:
                     bad_ext = True
         k = len(self._chain)
-        self._chain.append([t, info, n, seq, bad_in, bad_ext, deps, self._ctx(phase)])
+        self._chain.append([t, info, n, seq, bad_in, bad_ext, deps, self._ctx(phase), mask, bad_scalar == _NAN])
         self._remember(t, step, _PENDING, 0, k=k)
         self._tail = {id(t)}
 
@@ -643,7 +713,13 @@ class NanInfTracker:
             e = self._memo.get(b)
             if e is not None and e[3] is _FINITE and self._current(b, e):
                 return self._remember(t, e[4], _FINITE, 0, e[1])  # part of a finite tensor
-        return self._remember(t, _EXTERNAL, None, 0)
+        e = self._remember(t, _EXTERNAL, None, 0)
+        if self._wsites and type(e[3]) is int and e[3]:
+            m = self._wsites.get(e[1])
+            if m:  # a creation site wrote into this storage in place (``out[..., 3] = nan``)
+                e = (e[0], e[1], e[2], e[3] | (m << 2), self.current_step)
+                self._memo[t] = e
+        return e
 
     def _remember(self, t: torch.Tensor, producer: int, fact: Any, bump: int, ptr: int | None = None,
                   k: int = -1) -> tuple:
@@ -724,7 +800,8 @@ class NanInfTracker:
                         hit = self._entry(src)
                     seq = self._seq
                     self._seq = seq + 1
-                    self._judge(info, n, seq, [hit], False, [self._remember(t, self.current_step, None, bump, ptr)])
+                    self._judge(info, n, seq, [hit], 0, [self._remember(t, self.current_step, None, bump, ptr)],
+                                [t], bool(written))
         finally:
             state.busy -= 1
         return out
@@ -738,7 +815,7 @@ class NanInfTracker:
         ins: list[tuple] = []
         in_ts: list[torch.Tensor] = []  # the tensors of ``ins``
         widest = -1  # widest float input (inheritance must not narrow)
-        bad_scalar = False
+        bad_scalar = 0  # _INF: an Inf scalar argument (asked for); _NAN: a NaN one (creates NaN)
         opaque = False  # a sparse/quantised float input: not screened, so nothing is inherited
         state = _tool_state
         state.busy = getattr(state, "busy", 0) + 1
@@ -754,20 +831,27 @@ class NanInfTracker:
                 elif isinstance(a, (list, tuple)):
                     cands.extend(x for x in a if isinstance(x, torch.Tensor))
                 elif isinstance(a, float) and not math.isfinite(a):
-                    bad_scalar = True
+                    bad_scalar = max(bad_scalar, _NAN if a != a else _INF)
             if kwargs:
                 for k, a in kwargs.items():
                     if isinstance(a, torch.Tensor):
                         if k not in out_only:
                             cands.append(a)
                     elif isinstance(a, float) and not math.isfinite(a):
-                        bad_scalar = True
+                        bad_scalar = max(bad_scalar, _NAN if a != a else _INF)
             for a in cands:
                 if a.dtype in _FLOAT:
                     if a.layout != _STRIDED:
                         opaque = True
                     elif a.numel():
-                        ins.append(self._entry(a))
+                        e = self._entry(a)
+                        f = e[3]
+                        if f and type(f) is int and f < 4 and e[4] == _EXTERNAL and a.numel() == 1 \
+                                and not a.requires_grad:
+                            # a constant (``x[i] = nan`` lifts a 0-d tensor): a scalar argument
+                            bad_scalar = max(bad_scalar, f)
+                            continue
+                        ins.append(e)
                         in_ts.append(a)
                         if _WIDTH[a.dtype] > widest:
                             widest = _WIDTH[a.dtype]
@@ -801,6 +885,7 @@ class NanInfTracker:
                 and _scalars_in_range(args, kwargs, outs) and not _accumulates(info.base, args, kwargs)
             producer = self.current_step
             res = []
+            res_ts = []
             for t in outs:
                 if t.dtype in _FLOAT and t.layout == _STRIDED and t.numel():
                     bump, ptr = 0, None
@@ -808,25 +893,29 @@ class NanInfTracker:
                         if w is t:
                             bump, ptr = b, p
                     res.append(self._remember(t, producer, _FINITE if known else None, bump, ptr))
+                    res_ts.append(t)
             if not known:
-                self._judge(info, n, seq, ins, bad_scalar, res)
+                self._judge(info, n, seq, ins, bad_scalar, res, res_ts, bool(written))
         finally:
             state.busy -= 1
         return out
 
-    def _judge(self, info: _OpInfo, n: int, seq: int, ins: list[tuple], bad_scalar: bool, outs: list[tuple]) -> None:
-        """Culprit or propagator? On the host at once when every screen is a host fact, else
-        queued for the device fold."""
+    def _judge(self, info: _OpInfo, n: int, seq: int, ins: list[tuple], bad_scalar: int, outs: list[tuple],
+               out_ts: list[torch.Tensor] = (), writes: bool = False) -> None:  # type: ignore[assignment]
+        """Creation site or propagator? On the host at once when every screen is a host fact
+        (with the lineage of its NaN/Inf, see :meth:`_verdict`), else queued for the device fold."""
         if self._chain:
             self._resolve()
         step = self.current_step
         device = False
-        bad_in = bad_scalar
+        bad_in = bad_scalar == _INF
         bad_ext = False
+        in_mask = 0
         for e in ins:
             f = e[3]
             if type(f) is int:
                 if f:
+                    in_mask |= f >> 2
                     if e[4] == step:
                         bad_in = True
                     else:
@@ -837,19 +926,30 @@ class NanInfTracker:
         for e in outs:
             f = e[3]
             if type(f) is int:
-                if f > out_fact:
-                    out_fact = f
+                if f & 3 > out_fact:
+                    out_fact = f & 3
             else:
                 device = True
         if not device:
             if bad_ext and self._host_entered is None:
                 self._host_entered = (seq, self._row(info, n))
-            if out_fact and not bad_in and not bad_ext and self._host_culprit is None:
-                self._host_culprit = (seq, self._row(info, n), "NaN" if out_fact == _NAN else "Inf")
+            if out_fact:
+                row = self._row(info, n)
+                frame = self._tracker.current() if self._tracker is not None else None
+                mask = self._verdict(seq, row, out_fact, bad_in or bad_ext, bad_scalar == _NAN, in_mask, row[6], frame)
+                memo = self._memo
+                for t in out_ts:
+                    e = memo.get(t)
+                    if e is not None and type(e[3]) is int and e[3]:
+                        memo[t] = (e[0], e[1], e[2], (e[3] & 3) | (mask << 2), e[4])
+                        if writes and mask:
+                            self._wsites[e[1]] = self._wsites.get(e[1], 0) | mask
             return
         j = len(self._table)
         self._table.append((seq, self._row(info, n)))
         p = self._pending
+        if bad_scalar == _NAN:
+            p.force_ops.append(j)
         if bad_in:
             p.bad_in_ops.append(j)
         if bad_ext:
@@ -925,35 +1025,61 @@ class NanInfTracker:
             rows = torch.arange(start, end, dtype=torch.long, device=dev)
             sentinel = torch.full((), _SENTINEL, dtype=torch.long, device=dev)
             culprit = (out_bad > 0) & (in_bad == 0) & (ext_bad == 0)
+            if p.force_ops:  # a NaN scalar argument created NaN whatever the inputs held
+                forced = torch.zeros(n_ops, dtype=torch.bool, device=dev)
+                forced.index_fill_(0, idx(p.force_ops), True)
+                culprit = culprit | (forced & (out_bad > 0))
             # key = 2*row + (0 if NaN else 1): the smallest key is the first culprit, its low bit the kind
-            c_key = torch.where(culprit, rows * 2 + (out_nan == 0).long(), sentinel).amin()
+            keys = torch.where(culprit, rows * 2 + (out_nan == 0).long(), sentinel)
+            self._dev_keys.append(keys)  # every culprit, read only when there is one
+            c_key = keys.amin()
             e_key = torch.where(ext_bad > 0, rows, sentinel).amin()
             new = torch.stack([c_key, e_key])
             self._state = new if self._state is None else torch.minimum(self._state, new)
 
     def _read(self) -> NanInfFinding | None:
-        """Fold, bring the two state numbers to the host (the one sync of a step), judge."""
+        """The current step's top finding so far (folds; one host sync)."""
+        found = self._collect()[0]
+        return found[0] if found else None
+
+    def _collect(self) -> tuple[list[NanInfFinding], list[NanInfFinding]]:
+        """Fold, bring the state to the host (the one sync of a step; a second one only when the
+        device found creation sites), and sort the creation sites: (findings, absorbed).
+
+        Findings: the sites whose NaN/Inf reached a sink, in op order; every site when no sink
+        ran (plain functions, no module, no backward) or when a sink held a NaN/Inf of no known
+        site. Absorbed: the other sites (their NaN/Inf was selected, clamped, cast or softmaxed
+        away). Without sites, the first read of a non-finite tensor nobody created is "entered".
+        """
         with self._lock:
             self._resolve()
             self._fold()
-            culprit = self._host_culprit
+            sites = list(self._sites)
+            harm = self._harm
             entered = self._host_entered
             if self._state is not None:
                 c_key, e_key = (int(x) for x in self._state.tolist())
                 self._keep.clear()
-                if c_key < _SENTINEL:
-                    seq, row = self._table[c_key // 2]
-                    if culprit is None or seq < culprit[0]:
-                        culprit = (seq, row, "Inf" if c_key % 2 else "NaN")
+                if c_key < _SENTINEL:  # device-judged creation sites: no lineage, all harmful
+                    for key in torch.cat(self._dev_keys).tolist():
+                        if key < _SENTINEL:
+                            seq, row = self._table[key // 2]
+                            i = self._site(seq, row, "Inf" if key % 2 else "NaN")
+                            harm |= 1 << i
+                    sites = list(self._sites)
+                self._dev_keys = []
                 if e_key < _SENTINEL:
                     seq, row = self._table[e_key]
                     if entered is None or seq < entered[0]:
                         entered = (seq, row)
-            if culprit is not None:
-                return self._finding("created", culprit[0], culprit[1], culprit[2])
-            if entered is not None and self.report_entered:
-                return self._finding("entered", entered[0], entered[1], "NaN/Inf")
-            return None
+            if not self._sunk or (self._lost and entered is None):
+                harm = (1 << len(sites)) - 1
+            found = sorted((x for i, x in enumerate(sites) if harm >> i & 1), key=lambda x: x[0])
+            absorbed = sorted((x for i, x in enumerate(sites) if not harm >> i & 1), key=lambda x: x[0])
+            findings = [self._finding("created", *x) for x in found]
+            if not findings and entered is not None and self.report_entered:
+                findings = [self._finding("entered", entered[0], entered[1], "NaN/Inf")]
+            return findings, [self._finding("absorbed", *x) for x in absorbed]
 
     def _finding(self, kind: str, seq: int, row: tuple, value: str) -> NanInfFinding:
         prefix, base, call, op, module, module_class, phase = row
@@ -1033,6 +1159,19 @@ def _scalars_in_range(args: tuple, kwargs: dict, outs: list[torch.Tensor]) -> bo
         if type(a) is float and not -lim <= a <= lim:
             return False
     return True
+
+
+def _flat_tensors(x: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Tensors in a module's output: a tensor, or nested lists/tuples/dicts (``ModelOutput``)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if depth > 4:
+        return []
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _flat_tensors(y, depth + 1)]
+    return []
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
