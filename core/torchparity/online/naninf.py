@@ -19,7 +19,7 @@ How it works (one :class:`~torch.utils._python_dispatch.TorchDispatchMode`):
   tensor changed in place is always measured again; a single-tensor write's version bump, which
   autograd makes only after the dispatch mode returns, is expected ahead.
 * CPU tensors (where reading a scalar costs no synchronisation): the screen is read at once and
-  each op is judged on the spot; after a step's first culprit nothing more is measured. Ops that
+  each op is judged on the spot, and every creation site is kept with its lineage. Ops that
   cannot turn finite inputs into a NaN/Inf (``cat``, ``index_select``, ``where``, ``relu``,
   ``clamp``, ``amax`` ... see ``_INHERITS``) give their outputs "finite" without measuring them
   when every input is known finite (only while no other dispatch mode, e.g. an emulated device
@@ -41,9 +41,13 @@ Views, copies and multiplications by a scalar of magnitude <= 1 (divisions by >=
 input's screen on (their result is non-finite exactly where their input is); they cannot be
 culprits.
 
-A culprit is judged from its tensor inputs and its scalar arguments: ``masked_fill(mask, -inf)``
-and ``full(..., -inf)`` are not culprits (the -inf was asked for), ops reading such tensors are
-propagators. Only the first culprit per step is reported (everything after it is downstream).
+A creation site is judged from its tensor inputs and its scalar arguments: ``masked_fill(mask,
+-inf)`` and ``full(..., -inf)`` are not sites (the -inf was asked for), ops reading such tensors
+are propagators; a NaN scalar argument (``x * nan``, ``fill_(nan)``, ``x[i] = nan``) creates.
+Every site of a step is kept; on the CPU each non-finite fact carries the mask of the sites whose
+values it holds (``fact >> 2``), and only the sites that reach a sink (a backward or optimizer op,
+a forward op outside any module, the root module's output) are findings; the others are
+``absorbed`` (see :meth:`NanInfTracker._verdict` and :meth:`NanInfTracker._collect`).
 
 The tracker never changes the model's numerics: it only reads tensors, and its own reductions run
 under :class:`~torchparity.capture.session.tool_work` so other torchparity modes ignore them.
@@ -268,7 +272,8 @@ class NanInfTracker:
     :param report_entered: also report, when no op created a NaN/Inf in a step, the first op that
         read a non-finite tensor from outside (data, parameters). Default on.
 
-    ``findings`` lists every :class:`NanInfFinding` (at most one per step); ``first`` is the first
+    ``findings`` lists every :class:`NanInfFinding` (the harmful creation sites of each step, in
+    op order); ``absorbed`` the sites whose NaN/Inf reached no sink; ``first`` is the first
     culprit ever found. Steps advance on ``optimizer.step()`` (the first optimizer that steps) or
     by hand with :meth:`step`; :meth:`check` reads the current step's state now (one host sync).
     """
