@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchparity.online import naninf
+from torchparity.online import naninf, naninf_screens
 from torchparity.online.naninf import NanInfTracker
 from torchparity.toymodels import make_batches, make_model, train
 from torchparity_backend_emulated import Fault, emulate
@@ -63,7 +63,7 @@ def test_write_through_a_data_alias_invalidates_the_screen(host: bool) -> None:
 def test_inplace_output_is_not_screened_again(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     real = naninf._host_fact
-    monkeypatch.setattr(naninf, "_host_fact", lambda v: calls.append(v.shape) or real(v))
+    monkeypatch.setattr(naninf_screens, "_host_fact", lambda v: calls.append(v.shape) or real(v))
     with NanInfTracker() as t:
         x = torch.ones(5) * 2  # ones(): known finite (no screen); the product screened (1)
         x.add_(torch.ones(5))  # x is current: only the result (2)
@@ -80,7 +80,7 @@ def test_parameters_are_not_screened_again_next_step(monkeypatch: pytest.MonkeyP
     with NanInfTracker(model) as t:
         train(model, make_batches(1))  # step 0: the optimizer (tracked) wrote every parameter
         assert t.current_step == 1
-        monkeypatch.setattr(naninf, "_host_fact", lambda v: calls.append(v) or real(v))
+        monkeypatch.setattr(naninf_screens, "_host_fact", lambda v: calls.append(v) or real(v))
         model(inputs)  # step 1 reads them again: their screens from step 0 still hold
     params = {id(p) for p in model.parameters()}
     assert calls and not any(id(v) in params for v in calls)
