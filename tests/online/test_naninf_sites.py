@@ -89,3 +89,15 @@ def test_device_fold_lists_every_site() -> None:
         torch.ones(3) * NAN
         t.step()
     assert [f.name for f in t.findings] == ["Aten.div.0.forward", "Aten.log.0.forward", "Aten.mul.0.forward"]
+
+
+def test_device_fold_check_mid_step_keeps_the_sites_for_the_step_end() -> None:
+    t = NanInfTracker()
+    t._host_read = False
+    with t:
+        z = torch.zeros(3)
+        (z / z).sum()
+        assert t.check() is not None and t.check().name == "Aten.div.0.forward"  # read twice
+        torch.log(z).sum()
+        t.step()
+    assert [f.name for f in t.findings] == ["Aten.div.0.forward", "Aten.log.0.forward"]

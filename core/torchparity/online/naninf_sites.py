@@ -155,24 +155,22 @@ class SiteJudge:
         with self._lock:
             self._resolve()
             self._fold()
-            sites = list(self._sites)
-            harm = self._harm
             entered = self._host_entered
             if self._state is not None:
                 c_key, e_key = (int(x) for x in self._state.tolist())
                 self._keep.clear()
-                if c_key < _SENTINEL:  # device-judged creation sites: no lineage, all harmful
+                if c_key < _SENTINEL and self._dev_keys:  # device-judged sites: no lineage, all harmful
                     for key in torch.cat(self._dev_keys).tolist():
                         if key < _SENTINEL:
                             seq, row = self._table[key // 2]
-                            i = self._site(seq, row, "Inf" if key % 2 else "NaN")
-                            harm |= 1 << i
-                    sites = list(self._sites)
-                self._dev_keys = []
+                            self._harm |= 1 << self._site(seq, row, "Inf" if key % 2 else "NaN")
+                self._dev_keys = []  # read: a later check() or step end does not read them again
                 if e_key < _SENTINEL:
                     seq, row = self._table[e_key]
                     if entered is None or seq < entered[0]:
                         entered = (seq, row)
+            sites = list(self._sites)
+            harm = self._harm
             if not self._sunk or (self._lost and entered is None):
                 harm = (1 << len(sites)) - 1
             found = sorted((x for i, x in enumerate(sites) if harm >> i & 1), key=lambda x: x[0])
