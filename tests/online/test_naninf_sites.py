@@ -101,3 +101,21 @@ def test_device_fold_check_mid_step_keeps_the_sites_for_the_step_end() -> None:
         torch.log(z).sum()
         t.step()
     assert [f.name for f in t.findings] == ["Aten.div.0.forward", "Aten.log.0.forward"]
+
+
+def test_recomputed_absorbed_site_stays_absorbed() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    class Ckpt(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _Net(plant=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    torch.manual_seed(0)
+    t = NanInfTracker(net := Ckpt())
+    _train(net, t)
+    assert t.findings == [], [str(f) for f in t.findings]
+    assert {f.phase for f in t.absorbed} == {"forward", "recompute"}

@@ -42,7 +42,7 @@ class SiteJudge:
         code); the root module's output is checked on its exit (:meth:`_module_exit`)."""
         if create or not bad:
             mask |= 1 << self._site(seq, row, "NaN" if out_fact & 3 == _NAN else "Inf")
-        if phase != "forward" or frame is None:
+        if phase == "backward" or phase == "optimizer" or (frame is None and phase == "forward"):
             self._sink(mask)
         return mask
 
