@@ -204,3 +204,15 @@ class NullMode:
 
     def __exit__(self, *a: Any) -> None:
         return None
+
+
+def test_t5_clean_on_the_device_fold_path() -> None:
+    """The device path (screens folded on the device, run on the CPU here) walks the lineage of
+    its sites too: T5's log(0) is absorbed there as well."""
+    model = _t5()
+    t = NanInfTracker(model)
+    t._host_read = False
+    with t:
+        _step(model, _batch(model))
+    assert t.findings == [], [str(f) for f in t.findings]
+    assert any(f.op.startswith("aten.log") for f in t.absorbed)

@@ -119,3 +119,16 @@ def test_recomputed_absorbed_site_stays_absorbed() -> None:
     _train(net, t)
     assert t.findings == [], [str(f) for f in t.findings]
     assert {f.phase for f in t.absorbed} == {"forward", "recompute"}
+
+
+def test_device_fold_walks_lineage_absorbed_vs_harmful() -> None:
+    torch.manual_seed(0)
+    t = NanInfTracker(net := _Net(plant=False))
+    t._host_read = False
+    _train(net, t)
+    assert t.findings == [] and [f.op for f in t.absorbed] == ["aten.log.default"]
+    torch.manual_seed(0)
+    t = NanInfTracker(net := _Net(plant=True))
+    t._host_read = False
+    _train(net, t)
+    assert [f.name for f in t.findings] == ["Aten.div.0.forward"]

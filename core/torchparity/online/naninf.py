@@ -253,6 +253,10 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
         self._wsites: dict[int, int] = {}  # storage ptr -> sites written into it in place
         self._site_ix: dict[tuple, int] = {}
         self._dev_keys: list[torch.Tensor] = []  # device fold: every culprit key, per fold
+        self._dev_outflags: list[torch.Tensor] = []  # device fold: "non-finite" per output screen
+        self._lin: list[tuple] = []  # per device-judged op: (input screen ids, host mask, output ids, sink)
+        self._dev_out: list[int] = []  # screen ids of the root module's outputs (device path)
+        self._dev_keep: list[torch.Tensor] = []  # those screens, kept alive so that ids stay unique
         # CPU outputs whose screens wait for their consumer's (see _resolve)
         self._chain: list[list[Any]] = []
         self._pend: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (tensor, chain index)
@@ -313,8 +317,7 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
     def _module_exit(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
         """Tag the autograd nodes this module created (innermost module wins) for backward ops;
         the root module's output is a sink (see :meth:`_verdict`)."""
-        if frame.path == "" and not frame.recompute and self._mode is not None and self._active \
-                and self._host_read:
+        if frame.path == "" and not frame.recompute and self._mode is not None and self._active:
             self._output_sink(output)
         if frame.recompute or not torch.is_grad_enabled():
             return

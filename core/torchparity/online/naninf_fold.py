@@ -75,6 +75,9 @@ class DeviceFold:
             in_bad = flags(p.in_op, p.in_val, nonfinite)
             ext_bad = flags(p.ext_op, p.ext_val, nonfinite)
             out_bad = flags(p.out_op, p.out_val, nonfinite)
+            if p.out_val:  # per output screen, for the lineage of a step with a creation site
+                self._dev_outflags.append(nonfinite(torch.stack(
+                    [v if v.device == dev else v.to(dev, non_blocking=True) for v in p.out_val])))
             out_nan = flags(p.out_op, p.out_val, torch.isnan)
             for ops, acc in ((p.bad_in_ops, in_bad), (p.bad_ext_ops, ext_bad), (p.bad_out_ops, out_bad),
                              (p.nan_out_ops, out_bad), (p.nan_out_ops, out_nan)):

@@ -25,9 +25,12 @@ class SiteJudge:
             try:
                 self._sunk = True
                 for t in _flat_tensors(output):
-                    if t.dtype in _FLOAT and t.layout == _STRIDED and t.numel() and t.is_cpu:
+                    if t.dtype in _FLOAT and t.layout == _STRIDED and t.numel():
                         f = self._entry(t)[3]
-                        if type(f) is int and f:
+                        if type(f) is not int:  # a device screen: judged in _device_lineage
+                            self._dev_out.append(id(f))
+                            self._dev_keep.append(f)
+                        elif f:
                             self._sink(f >> 2)
             finally:
                 state.busy -= 1
@@ -119,22 +122,31 @@ class SiteJudge:
             p.bad_ext_ops.append(j)
         if out_fact:
             (p.nan_out_ops if out_fact == _NAN else p.bad_out_ops).append(j)
+        in_ids = []
         for e in ins:
             f = e[3]
             if type(f) is not int:
                 if e[4] == step:
                     p.in_op.append(j)
                     p.in_val.append(f)
+                    in_ids.append(id(f))
                 else:
                     p.ext_op.append(j)
                     p.ext_val.append(f)
+        out_ids = []
         for e in outs:
             f = e[3]
             if type(f) is not int:
                 p.out_op.append(j)
                 p.out_val.append(f)
+                out_ids.append(id(f))
                 if self._state_device is None:
                     self._state_device = f.device
+        phase = self._table[j][1][6]
+        sink = phase == "backward" or phase == "optimizer" or (
+            phase == "forward" and (self._tracker is None or self._tracker.current() is None))
+        # lineage, walked on the host only in a step where the device found a creation site
+        self._lin.append((in_ids, in_mask, out_ids, sink))
         if len(p) >= _CHUNK:
             self._fold()
 
@@ -159,11 +171,8 @@ class SiteJudge:
             if self._state is not None:
                 c_key, e_key = (int(x) for x in self._state.tolist())
                 self._keep.clear()
-                if c_key < _SENTINEL and self._dev_keys:  # device-judged sites: no lineage, all harmful
-                    for key in torch.cat(self._dev_keys).tolist():
-                        if key < _SENTINEL:
-                            seq, row = self._table[key // 2]
-                            self._harm |= 1 << self._site(seq, row, "Inf" if key % 2 else "NaN")
+                if c_key < _SENTINEL and self._dev_keys:  # device-judged sites: walk their lineage
+                    self._device_lineage()
                 self._dev_keys = []  # read: a later check() or step end does not read them again
                 if e_key < _SENTINEL:
                     seq, row = self._table[e_key]
@@ -179,6 +188,44 @@ class SiteJudge:
             if not findings and entered is not None and self.report_entered:
                 findings = [self._finding("entered", entered[0], entered[1], "NaN/Inf")]
             return findings, [self._finding("absorbed", *x) for x in absorbed]
+
+    def _device_lineage(self) -> None:
+        """Sites found by the device fold, and which of them reached a sink: one more host read
+        (every op's culprit key and every output screen's "non-finite" flag), then the host walks
+        the ops in order, passing each output the sites its inputs carried (screens are matched
+        by identity; a producer always comes before its readers). Any inconsistency makes every
+        device site harmful (never hides a finding)."""
+        keys = torch.cat(self._dev_keys).tolist()
+        flags = torch.cat(self._dev_outflags).tolist() if self._dev_outflags else []
+        culprits = {k // 2: ("Inf" if k % 2 else "NaN") for k in keys if k < _SENTINEL}
+        lin = self._lin
+        if len(lin) != len(self._table) or sum(len(x[2]) for x in lin) != len(flags):
+            for j, value in culprits.items():
+                seq, row = self._table[j]
+                self._harm |= 1 << self._site(seq, row, value)
+            self._sunk = True
+            return
+        masks: dict[int, int] = {}
+        k = 0
+        for j, (in_ids, m, out_ids, sink) in enumerate(lin):
+            for i in in_ids:
+                m |= masks.get(i, 0)
+            value = culprits.get(j)
+            if value is not None:
+                seq, row = self._table[j]
+                m |= 1 << self._site(seq, row, value)
+            bad = False
+            for o in out_ids:
+                b = flags[k]
+                k += 1
+                masks[o] = m if b else 0
+                bad = bad or b
+            if sink and bad:
+                self._sink(m)
+        for i in self._dev_out:
+            m = masks.get(i, 0)
+            if m:
+                self._sink(m)
 
     def _finding(self, kind: str, seq: int, row: tuple, value: str) -> NanInfFinding:
         prefix, base, call, op, module, module_class, phase = row
