@@ -74,7 +74,7 @@ def test_nan_scalar_argument_is_a_creation_inf_scalar_is_asked_for() -> None:
         x = torch.ones(3)
         m = torch.full((3,), float("-inf"))  # asked for (a mask)
         (x + m).softmax(0)
-        y = x * NAN  # a NaN scalar creates NaN
+        _ = x * NAN  # a NaN scalar creates NaN
         t.step()
     assert [f.name for f in t.findings] == ["Aten.mul.0.forward"]
 
