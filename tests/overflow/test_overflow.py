@@ -230,3 +230,16 @@ def test_cli_missing_dump_is_a_one_line_usage_error(tmp_path: Path):
     r = _cli(str(tmp_path / "nope"), "-o", str(tmp_path / "o"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "does not exist" in r.stderr
+
+
+def test_nan_scalar_is_a_creation_not_by_design(tmp_path: Path):
+    """``output * float("nan")`` (a forward hook) creates the NaN: the same rule as NanInfTracker
+    (issue 14); only Inf and finfo.min scalars (masks) are by design."""
+    model = make_model()
+    model.layers[0].mlp.register_forward_hook(lambda m, a, out: out * float("nan"))
+    path = tmp_path / "d"
+    with torchparity.dump(str(path), fsync=False, level="aten", model=model):
+        model(make_batches(1)[0][0])
+    res = scan(path)
+    crit = res[res["level"] == "critical"]
+    assert list(crit["op"]) == ["aten.mul.Tensor"], res[res["level"].notna()][["op", "module", "level"]]

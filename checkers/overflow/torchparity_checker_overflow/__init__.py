@@ -23,10 +23,11 @@ saw Inf/NaN, or ``_amp_update_scale_`` received ``found_inf > 0``) are skipped b
 purpose: their backward/optimizer findings get level ``None``, ``amp_skipped = True`` and a reason
 saying so, instead of blaming an op. Forward findings in such steps are still reported.
 
-Non-finite values written on purpose are not overflow: an op with a ``-inf``/NaN/``finfo.min``
+Non-finite values written on purpose are not overflow: an op with a ``-inf``/``finfo.min``
 scalar argument (``masked_fill(causal_mask, -inf)``) and the ops that only carry such values on
 (found through the dump's ``producer`` links, e.g. the ``softmax`` that absorbs the mask) get level
-``None`` (option ``by_design``).
+``None`` (option ``by_design``). A NaN scalar argument is no such intent: ``x * nan`` and
+``fill_(nan)`` create the NaN and are blamed (the rule NanInfTracker follows).
 
 Uninitialised memory is never judged: ``empty``-like ops, and the overwritten ``self`` input of
 ``fill_``/``zero_``/``copy_``/random in-place ops.
@@ -235,7 +236,7 @@ class OverflowChecker(Checker):
                           rec: pd.DataFrame) -> set[tuple[Any, Any, Any]]:
         """``{(step, rank, record_id)}`` of records whose non-finite values are intended.
 
-        A record is *by design* when a scalar argument is non-finite or at least the largest
+        A record is *by design* when a scalar argument is infinite or at least the largest
         finite value of its output dtype (``masked_fill(mask, float("-inf"))``, ``full(-inf)``,
         ``masked_fill(mask, torch.finfo(dtype).min)``) and none of its non-finite tensor inputs comes
         from an op that is not by design; or when every non-finite tensor input was produced (per
@@ -266,7 +267,8 @@ class OverflowChecker(Checker):
                 continue
             key = (step, rank, rid)
             lim = limit_by_rec.get(key)
-            if not math.isfinite(v) or (lim is not None and not math.isnan(lim) and abs(v) >= lim):
+            # a NaN scalar creates NaN (``x * nan``, ``fill_(nan)``): never by design (issue 14)
+            if math.isinf(v) or (lim is not None and not math.isnan(lim) and abs(v) >= lim):
                 extreme.add(key)
         bad_in = f[judged_in & flags["bad"]]
         producers: dict[tuple[Any, Any, Any], list[Any]] = {}

@@ -19,7 +19,7 @@ How it works (one :class:`~torch.utils._python_dispatch.TorchDispatchMode`):
   tensor changed in place is always measured again; a single-tensor write's version bump, which
   autograd makes only after the dispatch mode returns, is expected ahead.
 * CPU tensors (where reading a scalar costs no synchronisation): the screen is read at once and
-  each op is judged on the spot; after a step's first culprit nothing more is measured. Ops that
+  each op is judged on the spot, and every creation site is kept with its lineage. Ops that
   cannot turn finite inputs into a NaN/Inf (``cat``, ``index_select``, ``where``, ``relu``,
   ``clamp``, ``amax`` ... see ``_INHERITS``) give their outputs "finite" without measuring them
   when every input is known finite (only while no other dispatch mode, e.g. an emulated device
@@ -41,9 +41,13 @@ Views, copies and multiplications by a scalar of magnitude <= 1 (divisions by >=
 input's screen on (their result is non-finite exactly where their input is); they cannot be
 culprits.
 
-A culprit is judged from its tensor inputs and its scalar arguments: ``masked_fill(mask, -inf)``
-and ``full(..., -inf)`` are not culprits (the -inf was asked for), ops reading such tensors are
-propagators. Only the first culprit per step is reported (everything after it is downstream).
+A creation site is judged from its tensor inputs and its scalar arguments: ``masked_fill(mask,
+-inf)`` and ``full(..., -inf)`` are not sites (the -inf was asked for), ops reading such tensors
+are propagators; a NaN scalar argument (``x * nan``, ``fill_(nan)``, ``x[i] = nan``) creates.
+Every site of a step is kept; on the CPU each non-finite fact carries the mask of the sites whose
+values it holds (``fact >> 2``), and only the sites that reach a sink (a backward or optimizer op,
+a forward op outside any module, the root module's output) are findings; the others are
+``absorbed`` (see :meth:`NanInfTracker._verdict` and :meth:`NanInfTracker._collect`).
 
 The tracker never changes the model's numerics: it only reads tensors, and its own reductions run
 under :class:`~torchparity.capture.session.tool_work` so other torchparity modes ignore them.
@@ -56,7 +60,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 import torch
@@ -65,149 +68,53 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..capture import ops as opinfo
 from ..capture.aten_mode import _SKIP as _UNCOUNTED
 from ..capture.module_tracker import Frame, ModuleTracker, tag_graph, where_now
-from ..capture.session import TensorMemo, _tool_state, tool_work
-from ..errors import TorchparityError, UsageError
+from ..capture.session import TensorMemo, _tool_state
+from ..errors import UsageError
 
 log = logging.getLogger("torchparity")
 
 __all__ = ["NanInfTracker", "NanInfFinding", "NonFiniteError"]
 
-#: ``grad_fn.metadata`` key for backward attribution (separate from the dump's key so that the
-#: dump's own tags, which carry record ids, are never pre-empted by ours)
-_META_KEY = "torchparity.naninf"
-_SENTINEL = 1 << 62
-#: greppable marker of every finding in the log
-MARKER = "[torchparity:NANINF]"
-#: in-place ops whose destination is overwritten without being read (its old content is no input)
-_OVERWRITING = frozenset({"normal_", "uniform_", "fill_", "zero_", "random_", "bernoulli_", "exponential_",
-                          "geometric_", "cauchy_", "log_normal_", "copy_", "set_", "resize_", "_foreach_zero_",
-                          "_foreach_copy_"})
-#: ops that copy their first argument's values unchanged (or widened)
-_COPIES = frozenset({"clone", "_unsafe_view", "_to_copy", "contiguous", "lift_fresh_copy", "alias_copy",
-                     "detach_copy", "view_copy", "_reshape_alias_copy"})
-#: ops whose result is non-finite exactly where their first argument is, given a finite scalar
-#: (``neg``: always; ``mul`` by ``|c| <= 1``; ``div`` by ``|c| >= 1``): they hand the screen on
-_SCALED = {"neg": 0, "neg_": 0, "mul": 1, "mul_": 1, "div": 2, "div_": 2, "add": 3, "add_": 3, "sub": 3, "sub_": 3}
-#: ``add``/``sub`` of a Python scalar below half an ulp of the dtype's largest value cannot
-#: overflow (x + c rounds back to at most the largest finite value); bounds kept well inside
-_SMALL_ADDEND = {torch.float16: 8.0, torch.bfloat16: 1e30, torch.float32: 1e30, torch.float64: 1e300}
-#: ops that cannot turn finite inputs into a NaN/Inf: they select, move, compare or clip values
-#: of their inputs (or fill in zeros/ones/their finite scalar arguments). Used on the CPU only
-#: (trusted kernels), with every input known finite and every scalar in the output dtype's range.
-_INHERITS = frozenset({
-    "cat", "stack", "hstack", "vstack", "index_select", "embedding", "gather", "index", "_unsafe_index",
-    "take", "masked_select", "where", "relu", "relu_", "threshold_backward", "abs", "abs_", "clamp", "clamp_",
-    "clamp_min", "clamp_min_", "clamp_max", "clamp_max_", "hardtanh", "hardtanh_", "hardtanh_backward",
-    "amax", "amin", "max", "min", "maximum", "minimum", "fmax", "fmin", "masked_fill", "masked_fill_",
-    "masked_scatter", "masked_scatter_", "constant_pad_nd", "slice_backward", "select_backward",
-    "index_put", "index_put_", "_index_put_impl_", "index_copy", "index_copy_", "index_fill", "index_fill_",
-    "scatter", "scatter_", "slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter",
-    "flip", "roll", "repeat", "tril", "tril_", "triu", "triu_", "sort", "topk", "kthvalue", "narrow_copy",
-    "diag", "diag_embed", "zeros", "ones", "zeros_like", "ones_like", "new_zeros", "new_ones", "zero_",
-    "sign", "sgn", "ceil", "floor", "trunc", "frac", "sigmoid", "tanh", "relu6", "signbit",
-    # bounded by their input (|silu(x)| <= |x|, |gelu(x)| <= |x|) or by 1 (softmax: exp(x - max) / sum >= 1)
-    "silu", "silu_", "gelu", "gelu_", "hardswish", "hardswish_", "_softmax", "softmax",
-})
-#: uncounted ops whose output is their input (a new tensor object): the screen is handed on
-_SAME = frozenset({"detach", "alias", "lift_fresh"})
-#: float ranges: a cast to a dtype of higher rank (or the same) cannot overflow
-_WIDTH = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
-_FLOAT = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
-_STRIDED = torch.strided
-#: screens kept on the device before an intermediate fold (bounds memory on very long steps)
-_CHUNK = 32768
-# op kinds
-_SKIP, _UNCHECKED, _ALIAS, _CHECK = 0, 1, 2, 3
-# host-side facts (CPU tensors): what the screen said; device tensors keep the 0-d screen itself
-_FINITE, _INF, _NAN = 0, 1, 2
-_EXTERNAL = -1  # producer step of a tensor no tracked op produced
-#: fact of a CPU output whose screen is deferred (see NanInfTracker._resolve)
-_PENDING = object()
-#: elementwise ops and reductions whose result is non-finite wherever (one of) the listed
-#: arguments is (IEEE: NaN and Inf propagate; inf*0, inf-inf give NaN): base -> argument positions
-_PRESERVING = {"add": (0, 1), "sub": (0, 1), "mul": (0, 1), "div": (0,), "silu": (0,), "sqrt": (0,),
-               "pow": (0,), "sum": (0,), "mean": (0,)}
-
-
-class NonFiniteError(TorchparityError):
-    """Raised at a step boundary when ``on_failure="raise"`` and an op created a NaN/Inf."""
-
-    def __init__(self, finding: "NanInfFinding") -> None:
-        super().__init__(str(finding))
-        self.finding = finding
-
-
-@dataclass
-class NanInfFinding:
-    """Where a NaN/Inf first appeared in a step.
-
-    ``kind`` is ``"created"`` (the op turned finite inputs into a NaN/Inf: the culprit) or
-    ``"entered"`` (no op created it in this step; the op read a non-finite tensor that no tracked
-    op produced, e.g. a parameter or a batch that already held NaN).
-    """
-
-    kind: str
-    name: str  # as the dump names the op: Aten.mul.7.forward
-    op: str  # aten.mul.Tensor
-    module: str  # module path ("" outside any module)
-    module_class: str | None
-    phase: str  # forward | backward | optimizer | recompute
-    step: int
-    seq: int  # index of the op among the tracked ops of the step
-    value: str  # "NaN" or "Inf" (what the first bad screen held)
-
-    def __str__(self) -> str:
-        where = f"in module {self.module!r}" + (f" ({self.module_class})" if self.module_class else "") \
-            if self.module else "outside any module"
-        if self.kind == "created":
-            what = f"produced {self.value} from finite inputs"
-        else:
-            what = f"read a tensor that already held {self.value} (no tracked op created it in this step)"
-        return f"step {self.step}: {self.name} ({self.op}) {where}, {self.phase}: {what}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _screen(t: torch.Tensor) -> torch.Tensor:
-    """A 0-d tensor on ``t``'s device that is non-finite if ``t`` holds a NaN or an Inf.
-
-    The sum is accumulated in float32 (float64 for float64 tensors): NaN and Inf propagate through
-    it, and a sum of finite float32 values overflows only if they average above ~3e38/numel, i.e.
-    values that are about to overflow anyway. It is the cheapest exact-enough reduction (one pass,
-    vectorised, no temporary); ``isfinite(t).all()`` allocates a full bool tensor and is 10x
-    slower on CPU, ``aminmax`` (exact) about 2x.
-    """
-    if t.dtype == torch.float16 or t.dtype == torch.bfloat16:
-        return torch.sum(t, dtype=torch.float32)
-    return torch.sum(t)
-
-
-def _host_fact(t: torch.Tensor) -> int:
-    """:func:`_screen` of a CPU tensor, read at once: ``_FINITE``, ``_INF`` or ``_NAN``."""
-    s = t.item() if t.numel() == 1 else _screen(t).item()
-    if s - s == 0:
-        return _FINITE
-    return _NAN if s != s else _INF
-
-
-@dataclass
-class _Pending:
-    """Device-side screens waiting for the next fold; ``*_op`` are indices into the device table."""
-
-    in_op: list[int] = field(default_factory=list)  # op of each tracked-input screen
-    in_val: list[torch.Tensor] = field(default_factory=list)
-    ext_op: list[int] = field(default_factory=list)  # same, for inputs no tracked op produced
-    ext_val: list[torch.Tensor] = field(default_factory=list)
-    out_op: list[int] = field(default_factory=list)
-    out_val: list[torch.Tensor] = field(default_factory=list)
-    bad_in_ops: list[int] = field(default_factory=list)  # non-finite scalar argument or CPU input
-    bad_ext_ops: list[int] = field(default_factory=list)  # non-finite external CPU input
-    bad_out_ops: list[int] = field(default_factory=list)  # non-finite CPU output (Inf)
-    nan_out_ops: list[int] = field(default_factory=list)  # NaN CPU output
-
-    def __len__(self) -> int:
-        return len(self.in_val) + len(self.ext_val) + len(self.out_val)
+from .naninf_rules import (  # noqa: F401 (re-exported: tests and callers use naninf._screen ...)
+    _META_KEY,
+    _SKIP,
+    _UNCHECKED,
+    _ALIAS,
+    _CHECK,
+    _FINITE,
+    _INF,
+    _NAN,
+    _SENTINEL,
+    _OVERWRITING,
+    _COPIES,
+    _SCALED,
+    _SMALL_ADDEND,
+    _INHERITS,
+    _SAME,
+    _WIDTH,
+    _FLOAT,
+    _STRIDED,
+    _CHUNK,
+    _EXTERNAL,
+    _PENDING,
+    _PRESERVING,
+    _INF_ORD,
+    _screen,
+    _host_fact,
+    _OpInfo,
+    _graph_task_id,
+    _scales_down,
+    _FMAX,
+    _accumulates,
+    _inherits_into,
+    _scalars_in_range,
+    _flat_tensors,
+    _tensors,
+)
+from .naninf_findings import MARKER, NanInfFinding, NonFiniteError
+from .naninf_fold import DeviceFold, _Pending
+from .naninf_screens import ScreenMemo
+from .naninf_sites import SiteJudge
 
 
 class _Mode(TorchDispatchMode):
@@ -219,24 +126,7 @@ class _Mode(TorchDispatchMode):
         return self.t._on_op(func, args, kwargs or {})
 
 
-@dataclass(frozen=True)
-class _OpInfo:
-    """What the tracker needs to know about an op overload (computed once per overload)."""
-
-    kind: int
-    prefix: str  # Aten | Distributed
-    base: str
-    op: str
-    first: int  # index of the first argument that is an input (1 when arg 0 is overwritten)
-    out_only: frozenset  # positions and names of written arguments that are not inputs (out=)
-    writes: tuple  # (position, name, is a list) of every written argument
-    alias_src: int  # views/copies: position of the argument whose screen the outputs share (-1: none)
-    scaled: int  # -1, or _SCALED's kind
-    inherits: bool
-    view: bool
-
-
-class NanInfTracker:
+class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
     """Report the first op that produced a NaN/Inf from finite inputs, with module path and step.
 
     :param model: optional root module, to name modules by their path in it (``layers.1.mlp``);
@@ -248,7 +138,8 @@ class NanInfTracker:
     :param report_entered: also report, when no op created a NaN/Inf in a step, the first op that
         read a non-finite tensor from outside (data, parameters). Default on.
 
-    ``findings`` lists every :class:`NanInfFinding` (at most one per step); ``first`` is the first
+    ``findings`` lists every :class:`NanInfFinding` (the harmful creation sites of each step, in
+    op order); ``absorbed`` the sites whose NaN/Inf reached no sink; ``first`` is the first
     culprit ever found. Steps advance on ``optimizer.step()`` (the first optimizer that steps) or
     by hand with :meth:`step`; :meth:`check` reads the current step's state now (one host sync).
     """
@@ -266,6 +157,8 @@ class NanInfTracker:
         self.steps = None if steps is None else frozenset(int(s) for s in steps)
         self.report_entered = report_entered
         self.findings: list[NanInfFinding] = []
+        #: creation sites whose NaN/Inf never reached a sink (information, not findings)
+        self.absorbed: list[NanInfFinding] = []
         self.current_step = 0
         self._mode: _Mode | None = None
         self._tracker: ModuleTracker | None = None
@@ -350,8 +243,20 @@ class NanInfTracker:
         self._counters: dict[tuple[str, str, str], int] = {}
         self._seq = 0  # tracked (checked) ops so far in this step
         # host-judged (CPU) ops: the first culprit (seq, name row, value) and first external reader
-        self._host_culprit: tuple[int, tuple, str] | None = None
         self._host_entered: tuple[int, tuple] | None = None
+        # creation sites of the step (seq, name row, value); bit i of a fact's mask (fact >> 2)
+        # says "holds values created at site i"; _harm: sites whose values reached a sink
+        self._sites: list[tuple[int, tuple, str]] = []
+        self._harm = 0
+        self._sunk = False  # a sink ran this step (backward, optimizer, the root module's exit)
+        self._lost = False  # a sink held NaN/Inf of no known site (then every site is harmful)
+        self._wsites: dict[int, int] = {}  # storage ptr -> sites written into it in place
+        self._site_ix: dict[tuple, int] = {}
+        self._dev_keys: list[torch.Tensor] = []  # device fold: every culprit key, per fold
+        self._dev_outflags: list[torch.Tensor] = []  # device fold: "non-finite" per output screen
+        self._lin: list[tuple] = []  # per device-judged op: (input screen ids, host mask, output ids, sink)
+        self._dev_out: list[int] = []  # screen ids of the root module's outputs (device path)
+        self._dev_keep: list[torch.Tensor] = []  # those screens, kept alive so that ids stay unique
         # CPU outputs whose screens wait for their consumer's (see _resolve)
         self._chain: list[list[Any]] = []
         self._pend: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (tensor, chain index)
@@ -376,15 +281,17 @@ class NanInfTracker:
 
     def _end_step(self, raise_now: bool, advance: bool = True) -> None:
         with self._lock:
-            finding = self._read() if self._active else None
-            if self._host_culprit is not None:
-                self._stale = True  # nothing was measured after the culprit
-            if finding is not None and finding.kind == "entered" and (
+            found, absorbed = self._collect() if self._active else ([], [])
+            if found and found[0].kind == "entered" and (
                     self.first is not None or any(f.kind == "entered" for f in self.findings)):
-                finding = None  # data/parameter NaN is reported once, and only before any culprit
-            if finding is not None:
-                self.findings.append(finding)
-                log.warning("%s %s", MARKER, finding)
+                found = []  # data/parameter NaN is reported once, and only before any culprit
+            for f in found:
+                self.findings.append(f)
+                log.warning("%s %s", MARKER, f)
+            for f in absorbed:
+                self.absorbed.append(f)
+                log.info("%s (absorbed, not a finding) %s", MARKER, f)
+            finding = found[0] if found else None
             if advance:
                 self.current_step += 1
             self._reset_step()
@@ -408,7 +315,10 @@ class NanInfTracker:
         return None
 
     def _module_exit(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
-        """Tag the autograd nodes this module created (innermost module wins) for backward ops."""
+        """Tag the autograd nodes this module created (innermost module wins) for backward ops;
+        the root module's output is a sink (see :meth:`_verdict`)."""
+        if frame.path == "" and not frame.recompute and self._mode is not None and self._active:
+            self._output_sink(output)
         if frame.recompute or not torch.is_grad_enabled():
             return
         tag_graph(output, (frame.path, frame.cls), stop_at=getattr(frame, "stop_nodes", None), key=_META_KEY)
@@ -464,8 +374,6 @@ class NanInfTracker:
         info = self._info.get(id(func))  # OpOverload.__hash__ is Python code; overloads live forever
         if info is None:
             info = self._op_info(func)
-        if self._host_culprit is not None:  # the step's culprit is known: nothing after it matters
-            return func(*args, **kwargs)
         if self._stale:
             self._clear_memo()
         kind = info.kind
@@ -494,6 +402,8 @@ class NanInfTracker:
             phase = self._phase()
         else:
             phase = "forward"
+        if phase != "forward":
+            self._sunk = True
         key = (info.prefix, info.base, phase)
         n = self._counters.get(key, 0)
         self._counters[key] = n + 1
@@ -517,160 +427,6 @@ class NanInfTracker:
             if src.dtype in _FLOAT and src.layout == _STRIDED and src.is_cpu and src.numel():
                 return self._aliasing(func, args, kwargs, src, info, n)
         return self._checked(func, args, kwargs, info, n, phase, extends)
-
-    def _extends(self, info: _OpInfo, args: tuple, kwargs: dict) -> bool:
-        """Does this op read the deferred chain's last output where a NaN/Inf always shows in
-        its result (so that a finite result proves that output finite)?"""
-        pos = _PRESERVING.get(info.base)
-        if pos is None or (kwargs and any(k != "dtype" and k != "keepdim" and k != "dim"
-                                                           for k in kwargs)):
-            return False
-        if info.base == "pow" and not (len(args) == 2 and type(args[1]) in (int, float) and args[1] > 0):
-            return False
-        tail = self._tail
-        return any(i < len(args) and isinstance(args[i], torch.Tensor) and id(args[i]) in tail for i in pos)
-
-    def _ctx(self, phase: str) -> tuple:
-        """What names the running op later: (phase, module frame, autograd node)."""
-        frame = self._tracker.current() if self._tracker is not None else None
-        node = None
-        if phase == "backward":
-            try:
-                node = torch._C._current_autograd_node()
-            except (AttributeError, RuntimeError):
-                node = None
-        return (phase, frame, node)
-
-    def _row_of(self, info: _OpInfo, n: int, ctx: tuple) -> tuple:
-        """:meth:`_row` from a context captured by :meth:`_ctx` (as :func:`where_now` names it)."""
-        phase, frame, node = ctx
-        module, cls = (frame.path, frame.cls) if frame is not None else ("", None)
-        if phase == "backward":
-            try:
-                tag = node.metadata.get(_META_KEY) if node is not None else None
-            except (AttributeError, RuntimeError):
-                tag = None
-            module, cls = (tag[0], tag[1]) if tag else ("", None)
-        return (info.prefix, info.base, n, info.op, module, cls, phase)
-
-    def _resolve(self) -> None:
-        """Judge the deferred chain: each link's output is non-finite only if the next link's is
-        (it reads it through a preserving op), so one screen of the last output clears them all;
-        otherwise every output is screened (none was written since) and judged in order."""
-        chain = self._chain
-        if not chain:
-            return
-        pend = self._pend
-        self._chain, self._pend, self._tail = [], {}, set()
-        state = _tool_state
-        state.busy = getattr(state, "busy", 0) + 1
-        try:
-            last = _host_fact(chain[-1][0])
-            facts = [_FINITE] * len(chain) if last == _FINITE else [_host_fact(link[0]) for link in chain[:-1]] + [last]
-        finally:
-            state.busy -= 1
-        memo = self._memo
-        for t, k in pend.values():
-            e = memo.get(t)
-            if e is not None and e[3] is _PENDING:
-                memo[t] = (e[0], e[1], e[2], facts[k], e[4])
-        for k, (_, info, n, seq, bad_in, bad_ext, deps, ctx) in enumerate(chain):
-            if not bad_in:
-                for d in deps:
-                    if facts[d]:
-                        bad_in = True
-            out_fact = facts[k]
-            if bad_ext and self._host_entered is None:
-                self._host_entered = (seq, self._row_of(info, n, ctx))
-            if out_fact and not bad_in and not bad_ext and self._host_culprit is None:
-                self._host_culprit = (seq, self._row_of(info, n, ctx), "NaN" if out_fact == _NAN else "Inf")
-                return
-
-    def _defer(self, t: torch.Tensor, info: _OpInfo, n: int, seq: int, phase: str, ins: list[tuple],
-               bad_scalar: bool) -> None:
-        """Leave the screen of ``t`` (this op's only output, on the CPU) to its consumer."""
-        step = self.current_step
-        bad_in, bad_ext, deps = bad_scalar, False, []
-        for e in ins:
-            f = e[3]
-            if f is _PENDING:
-                deps.append(e[5])
-            elif f:
-                if e[4] == step:
-                    bad_in = True
-                else:
-                    bad_ext = True
-        k = len(self._chain)
-        self._chain.append([t, info, n, seq, bad_in, bad_ext, deps, self._ctx(phase)])
-        self._remember(t, step, _PENDING, 0, k=k)
-        self._tail = {id(t)}
-
-    def _current(self, t: torch.Tensor, e: tuple) -> bool:
-        """Does the memo entry ``e`` of ``t`` still describe its value?"""
-        try:
-            v = t._version
-        except RuntimeError:  # inference tensors have no version counter
-            v = None
-        return e[0] == v and self._gen.get(e[1], 0) == e[2]
-
-    def _entry(self, t: torch.Tensor) -> tuple:
-        """``t``'s memo entry (version, storage ptr, write generation, fact, producer step) if
-        current; else ``t`` is screened now (an input no tracked op produced since it changed)."""
-        e = self._memo.get(t)
-        if e is not None:
-            try:
-                v = t._version
-            except RuntimeError:  # inference tensors have no version counter
-                v = None
-            if e[0] == v and self._gen.get(e[1], 0) == e[2]:
-                return e
-        b = t._base
-        if b is not None and b.dtype == t.dtype:  # a view (autograd unpacks saved views anew)
-            e = self._memo.get(b)
-            if e is not None and e[3] is _FINITE and self._current(b, e):
-                return self._remember(t, e[4], _FINITE, 0, e[1])  # part of a finite tensor
-        return self._remember(t, _EXTERNAL, None, 0)
-
-    def _remember(self, t: torch.Tensor, producer: int, fact: Any, bump: int, ptr: int | None = None,
-                  k: int = -1) -> tuple:
-        """Screen ``t`` (unless ``fact`` is given) and remember it. ``bump``: 1 for a tensor a
-        single-tensor op just wrote (its version counter is bumped after the mode returns)."""
-        if fact is None:
-            fact = _host_fact(t) if t.is_cpu and self._host_read else _screen(t)
-        try:
-            v = t._version + bump
-        except RuntimeError:
-            v = None
-        try:
-            if ptr is None:
-                ptr = t.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError, TypeError):  # no storage (subclasses): not remembered
-            return (v, -1, -1, fact, producer)
-        if fact is _PENDING:  # deferred: the chain index rides along
-            e = (v, ptr, self._gen.get(ptr, 0), fact, producer, k)
-            self._pend[id(t)] = (t, k)
-        else:
-            e = (v, ptr, self._gen.get(ptr, 0), fact, producer)
-        self._memo[t] = e
-        return e
-
-    def _note_writes(self, args: tuple, kwargs: dict, writes: tuple) -> list[tuple[torch.Tensor, int, int]]:
-        """Bump the write generation of every tensor the op wrote; returns (tensor, bump, ptr)."""
-        gen = self._gen
-        out = []
-        for i, name, is_list in writes:
-            v = args[i] if i < len(args) else kwargs.get(name)
-            if v is None:
-                continue
-            for t in (v if is_list else (v,)):
-                if isinstance(t, torch.Tensor):
-                    try:
-                        ptr = t.untyped_storage().data_ptr()
-                    except (RuntimeError, NotImplementedError, TypeError):
-                        continue
-                    gen[ptr] = gen.get(ptr, 0) + 1
-                    out.append((t, 0 if is_list else 1, ptr))
-        return out
 
     def _aliasing(self, func: Any, args: tuple, kwargs: dict, src: torch.Tensor, info: _OpInfo, n: int) -> Any:
         """A view, copy or exact scaling: its outputs share the screen of ``src`` (no table entry;
@@ -710,7 +466,8 @@ class NanInfTracker:
                         hit = self._entry(src)
                     seq = self._seq
                     self._seq = seq + 1
-                    self._judge(info, n, seq, [hit], False, [self._remember(t, self.current_step, None, bump, ptr)])
+                    self._judge(info, n, seq, [hit], 0, [self._remember(t, self.current_step, None, bump, ptr)],
+                                [t], bool(written))
         finally:
             state.busy -= 1
         return out
@@ -724,7 +481,7 @@ class NanInfTracker:
         ins: list[tuple] = []
         in_ts: list[torch.Tensor] = []  # the tensors of ``ins``
         widest = -1  # widest float input (inheritance must not narrow)
-        bad_scalar = False
+        bad_scalar = 0  # _INF: an Inf scalar argument (asked for); _NAN: a NaN one (creates NaN)
         opaque = False  # a sparse/quantised float input: not screened, so nothing is inherited
         state = _tool_state
         state.busy = getattr(state, "busy", 0) + 1
@@ -740,20 +497,27 @@ class NanInfTracker:
                 elif isinstance(a, (list, tuple)):
                     cands.extend(x for x in a if isinstance(x, torch.Tensor))
                 elif isinstance(a, float) and not math.isfinite(a):
-                    bad_scalar = True
+                    bad_scalar = max(bad_scalar, _NAN if a != a else _INF)
             if kwargs:
                 for k, a in kwargs.items():
                     if isinstance(a, torch.Tensor):
                         if k not in out_only:
                             cands.append(a)
                     elif isinstance(a, float) and not math.isfinite(a):
-                        bad_scalar = True
+                        bad_scalar = max(bad_scalar, _NAN if a != a else _INF)
             for a in cands:
                 if a.dtype in _FLOAT:
                     if a.layout != _STRIDED:
                         opaque = True
                     elif a.numel():
-                        ins.append(self._entry(a))
+                        e = self._entry(a)
+                        f = e[3]
+                        if f and type(f) is int and f < 4 and e[4] == _EXTERNAL and a.numel() == 1 \
+                                and not a.requires_grad:
+                            # a constant (``x[i] = nan`` lifts a 0-d tensor): a scalar argument
+                            bad_scalar = max(bad_scalar, f)
+                            continue
+                        ins.append(e)
                         in_ts.append(a)
                         if _WIDTH[a.dtype] > widest:
                             widest = _WIDTH[a.dtype]
@@ -787,6 +551,7 @@ class NanInfTracker:
                 and _scalars_in_range(args, kwargs, outs) and not _accumulates(info.base, args, kwargs)
             producer = self.current_step
             res = []
+            res_ts = []
             for t in outs:
                 if t.dtype in _FLOAT and t.layout == _STRIDED and t.numel():
                     bump, ptr = 0, None
@@ -794,162 +559,12 @@ class NanInfTracker:
                         if w is t:
                             bump, ptr = b, p
                     res.append(self._remember(t, producer, _FINITE if known else None, bump, ptr))
+                    res_ts.append(t)
             if not known:
-                self._judge(info, n, seq, ins, bad_scalar, res)
+                self._judge(info, n, seq, ins, bad_scalar, res, res_ts, bool(written))
         finally:
             state.busy -= 1
         return out
-
-    def _judge(self, info: _OpInfo, n: int, seq: int, ins: list[tuple], bad_scalar: bool, outs: list[tuple]) -> None:
-        """Culprit or propagator? On the host at once when every screen is a host fact, else
-        queued for the device fold."""
-        if self._chain:
-            self._resolve()
-        step = self.current_step
-        device = False
-        bad_in = bad_scalar
-        bad_ext = False
-        for e in ins:
-            f = e[3]
-            if type(f) is int:
-                if f:
-                    if e[4] == step:
-                        bad_in = True
-                    else:
-                        bad_ext = True
-            else:
-                device = True
-        out_fact = _FINITE
-        for e in outs:
-            f = e[3]
-            if type(f) is int:
-                if f > out_fact:
-                    out_fact = f
-            else:
-                device = True
-        if not device:
-            if bad_ext and self._host_entered is None:
-                self._host_entered = (seq, self._row(info, n))
-            if out_fact and not bad_in and not bad_ext and self._host_culprit is None:
-                self._host_culprit = (seq, self._row(info, n), "NaN" if out_fact == _NAN else "Inf")
-            return
-        j = len(self._table)
-        self._table.append((seq, self._row(info, n)))
-        p = self._pending
-        if bad_in:
-            p.bad_in_ops.append(j)
-        if bad_ext:
-            p.bad_ext_ops.append(j)
-        if out_fact:
-            (p.nan_out_ops if out_fact == _NAN else p.bad_out_ops).append(j)
-        for e in ins:
-            f = e[3]
-            if type(f) is not int:
-                if e[4] == step:
-                    p.in_op.append(j)
-                    p.in_val.append(f)
-                else:
-                    p.ext_op.append(j)
-                    p.ext_val.append(f)
-        for e in outs:
-            f = e[3]
-            if type(f) is not int:
-                p.out_op.append(j)
-                p.out_val.append(f)
-                if self._state_device is None:
-                    self._state_device = f.device
-        if len(p) >= _CHUNK:
-            self._fold()
-
-    # ---- folding (device side) ---------------------------------------------------------------
-    def _fold(self) -> None:
-        """Reduce the pending screens into the device state (no host sync)."""
-        p = self._pending
-        self._pending = _Pending()
-        start, end = self._folded, len(self._table)
-        self._folded = end
-        n_ops = end - start
-        if n_ops == 0:
-            return
-        dev = self._state_device
-        if dev is None:
-            dev = next((v.device for v in p.in_val + p.ext_val if v.device.type != "cpu"), torch.device("cpu"))
-            self._state_device = dev
-        with tool_work():
-            def idx(xs: list[int]) -> torch.Tensor:
-                t = torch.tensor(xs, dtype=torch.long)
-                if start:
-                    t -= start
-                if dev.type == "cpu":
-                    return t
-                try:  # pinned, so that the copy is asynchronous (no host sync)
-                    t = t.pin_memory()
-                except RuntimeError:
-                    pass
-                self._keep.append(t)
-                return t.to(dev, non_blocking=True)
-
-            def flags(ops: list[int], vals: list[torch.Tensor], test: Any) -> torch.Tensor:
-                """Per op: how many of its screens in ``vals`` pass ``test``."""
-                acc = torch.zeros(n_ops, dtype=torch.int32, device=dev)
-                if ops:
-                    stacked = torch.stack([v if v.device == dev else v.to(dev, non_blocking=True) for v in vals])
-                    acc.index_add_(0, idx(ops), test(stacked).to(torch.int32))
-                return acc
-
-            def nonfinite(x: torch.Tensor) -> torch.Tensor:
-                return ~torch.isfinite(x)
-
-            in_bad = flags(p.in_op, p.in_val, nonfinite)
-            ext_bad = flags(p.ext_op, p.ext_val, nonfinite)
-            out_bad = flags(p.out_op, p.out_val, nonfinite)
-            out_nan = flags(p.out_op, p.out_val, torch.isnan)
-            for ops, acc in ((p.bad_in_ops, in_bad), (p.bad_ext_ops, ext_bad), (p.bad_out_ops, out_bad),
-                             (p.nan_out_ops, out_bad), (p.nan_out_ops, out_nan)):
-                if ops:
-                    acc.index_fill_(0, idx(ops), 1)
-            rows = torch.arange(start, end, dtype=torch.long, device=dev)
-            sentinel = torch.full((), _SENTINEL, dtype=torch.long, device=dev)
-            culprit = (out_bad > 0) & (in_bad == 0) & (ext_bad == 0)
-            # key = 2*row + (0 if NaN else 1): the smallest key is the first culprit, its low bit the kind
-            c_key = torch.where(culprit, rows * 2 + (out_nan == 0).long(), sentinel).amin()
-            e_key = torch.where(ext_bad > 0, rows, sentinel).amin()
-            new = torch.stack([c_key, e_key])
-            self._state = new if self._state is None else torch.minimum(self._state, new)
-
-    def _read(self) -> NanInfFinding | None:
-        """Fold, bring the two state numbers to the host (the one sync of a step), judge."""
-        with self._lock:
-            self._resolve()
-            self._fold()
-            culprit = self._host_culprit
-            entered = self._host_entered
-            if self._state is not None:
-                c_key, e_key = (int(x) for x in self._state.tolist())
-                self._keep.clear()
-                if c_key < _SENTINEL:
-                    seq, row = self._table[c_key // 2]
-                    if culprit is None or seq < culprit[0]:
-                        culprit = (seq, row, "Inf" if c_key % 2 else "NaN")
-                if e_key < _SENTINEL:
-                    seq, row = self._table[e_key]
-                    if entered is None or seq < entered[0]:
-                        entered = (seq, row)
-            if culprit is not None:
-                return self._finding("created", culprit[0], culprit[1], culprit[2])
-            if entered is not None and self.report_entered:
-                return self._finding("entered", entered[0], entered[1], "NaN/Inf")
-            return None
-
-    def _finding(self, kind: str, seq: int, row: tuple, value: str) -> NanInfFinding:
-        prefix, base, call, op, module, module_class, phase = row
-        return NanInfFinding(kind=kind, name=f"{prefix}.{base}.{call}.{phase}", op=op, module=module, module_class=module_class,
-                             phase=phase, step=self.current_step, seq=seq, value=value)
-
-
-#: -1 unless autograd's engine is running a backward on this thread
-_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
-
 
 def _other_modes() -> bool:
     """Is another TorchDispatchMode active (one that may change what ops compute)?"""
@@ -959,78 +574,3 @@ def _other_modes() -> bool:
         return any(not isinstance(m, _Mode) for m in _get_current_dispatch_mode_stack())
     except (ImportError, AttributeError, RuntimeError):  # pragma: no cover - be safe: no inheritance
         return True
-
-
-def _scales_down(kind: int, args: tuple, kwargs: dict) -> bool:
-    """``neg``, ``mul`` by a finite Python scalar ``|c| <= 1``, ``div`` by ``|c| >= 1`` (no
-    rounding mode), ``add``/``sub`` of a small ``c`` (no ``alpha``): the result is non-finite
-    exactly where the input is."""
-    if kind == 0:
-        return len(args) == 1 and not kwargs
-    if kind == 3:
-        c = args[1] if len(args) == 2 and not kwargs else None
-        if type(c) is not float and type(c) is not int:
-            return False
-        return -_SMALL_ADDEND.get(args[0].dtype, 0.0) <= c <= _SMALL_ADDEND.get(args[0].dtype, 0.0)
-    if len(args) != 2 or (kwargs and set(kwargs) != {"rounding_mode"}):
-        return False
-    c = args[1]
-    if type(c) is not float and type(c) is not int:
-        return False
-    if kind == 1:
-        return -1.0 <= c <= 1.0
-    return (c >= 1.0 or c <= -1.0) and not math.isinf(c) and kwargs.get("rounding_mode") is None
-
-
-_FMAX: dict[torch.dtype, float] = {}
-
-
-def _accumulates(base: str, args: tuple, kwargs: dict) -> bool:
-    """``index_put(..., accumulate=True)`` and ``scatter(..., reduce=...)`` add values up: they
-    can overflow, so they do not inherit."""
-    if base in ("index_put", "index_put_", "_index_put_impl_"):
-        return bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
-    if base in ("scatter", "scatter_"):
-        return any(type(a) is str for a in (*args, *kwargs.values()))
-    return False
-
-
-def _inherits_into(outs: list[torch.Tensor], widest: int) -> bool:
-    """Inheritance needs CPU outputs (trusted kernels) no narrower than any float input (an
-    ``index_put_`` of float32 values into float16 can overflow)."""
-    for t in outs:
-        if not t.is_cpu:
-            return False
-        w = _WIDTH.get(t.dtype)
-        if w is not None and w < widest:
-            return False
-    return True
-
-
-def _scalars_in_range(args: tuple, kwargs: dict, outs: list[torch.Tensor]) -> bool:
-    """Every Python float argument fits in the outputs' dtypes (else writing it overflows)."""
-    lim = math.inf
-    for t in outs:
-        m = _FMAX.get(t.dtype)
-        if m is None:
-            m = _FMAX[t.dtype] = float(torch.finfo(t.dtype).max) if t.dtype.is_floating_point else math.inf
-        lim = min(lim, m)
-    for a in (*args, *kwargs.values()):
-        if type(a) is float and not -lim <= a <= lim:
-            return False
-    return True
-
-
-def _tensors(out: Any) -> list[torch.Tensor]:
-    """The tensors of an op's output (a tensor, or a flat list/tuple of them)."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        res = []
-        for x in out:
-            if isinstance(x, torch.Tensor):
-                res.append(x)
-            elif isinstance(x, (list, tuple)):
-                res.extend(y for y in x if isinstance(y, torch.Tensor))
-        return res
-    return []

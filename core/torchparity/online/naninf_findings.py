@@ -1,0 +1,56 @@
+"""What :class:`~torchparity.online.naninf.NanInfTracker` reports: findings and the error."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import TorchparityError
+
+#: greppable marker of every finding in the log
+MARKER = "[torchparity:NANINF]"
+
+
+class NonFiniteError(TorchparityError):
+    """Raised at a step boundary when ``on_failure="raise"`` and an op created a NaN/Inf."""
+
+    def __init__(self, finding: "NanInfFinding") -> None:
+        super().__init__(str(finding))
+        self.finding = finding
+
+
+@dataclass
+class NanInfFinding:
+    """Where a NaN/Inf first appeared in a step.
+
+    ``kind`` is ``"created"`` (the op turned finite inputs into a NaN/Inf: the culprit) or
+    ``"entered"`` (no op created it in this step; the op read a non-finite tensor that no tracked
+    op produced, e.g. a parameter or a batch that already held NaN). ``"absorbed"`` (in
+    :attr:`NanInfTracker.absorbed`, not a finding): a creation site whose NaN/Inf never reached
+    the loss, a gradient, a parameter, optimizer state or the model's output.
+    """
+
+    kind: str
+    name: str  # as the dump names the op: Aten.mul.7.forward
+    op: str  # aten.mul.Tensor
+    module: str  # module path ("" outside any module)
+    module_class: str | None
+    phase: str  # forward | backward | optimizer | recompute
+    step: int
+    seq: int  # index of the op among the tracked ops of the step
+    value: str  # "NaN" or "Inf" (what the first bad screen held)
+
+    def __str__(self) -> str:
+        where = f"in module {self.module!r}" + (f" ({self.module_class})" if self.module_class else "") \
+            if self.module else "outside any module"
+        if self.kind == "created":
+            what = f"produced {self.value} from finite inputs"
+        elif self.kind == "absorbed":
+            what = f"produced {self.value} from finite inputs; absorbed (it reached no loss, gradient, " \
+                "parameter or model output)"
+        else:
+            what = f"read a tensor that already held {self.value} (no tracked op created it in this step)"
+        return f"step {self.step}: {self.name} ({self.op}) {where}, {self.phase}: {what}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

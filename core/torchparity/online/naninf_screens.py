@@ -1,0 +1,178 @@
+"""The screen memo and the deferred chain of :class:`~torchparity.online.naninf.NanInfTracker`:
+what each tensor value was found to hold, remembered per version and write generation, and CPU
+outputs whose screen is left to the op that reads them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..capture.session import _tool_state
+from .naninf_rules import (_EXTERNAL, _FINITE, _INF, _META_KEY, _NAN, _PENDING, _PRESERVING, _OpInfo, _host_fact,
+                           _screen)
+
+
+class ScreenMemo:
+    """Mixin of :class:`~torchparity.online.naninf.NanInfTracker`: screens, memo, deferred chain."""
+
+    def _extends(self, info: _OpInfo, args: tuple, kwargs: dict) -> bool:
+        """Does this op read the deferred chain's last output where a NaN/Inf always shows in
+        its result (so that a finite result proves that output finite)?"""
+        pos = _PRESERVING.get(info.base)
+        if pos is None or (kwargs and any(k != "dtype" and k != "keepdim" and k != "dim"
+                                                           for k in kwargs)):
+            return False
+        if info.base == "pow" and not (len(args) == 2 and type(args[1]) in (int, float) and args[1] > 0):
+            return False
+        tail = self._tail
+        return any(i < len(args) and isinstance(args[i], torch.Tensor) and id(args[i]) in tail for i in pos)
+
+    def _ctx(self, phase: str) -> tuple:
+        """What names the running op later: (phase, module frame, autograd node)."""
+        frame = self._tracker.current() if self._tracker is not None else None
+        node = None
+        if phase == "backward":
+            try:
+                node = torch._C._current_autograd_node()
+            except (AttributeError, RuntimeError):
+                node = None
+        return (phase, frame, node)
+
+    def _row_of(self, info: _OpInfo, n: int, ctx: tuple) -> tuple:
+        """:meth:`_row` from a context captured by :meth:`_ctx` (as :func:`where_now` names it)."""
+        phase, frame, node = ctx
+        module, cls = (frame.path, frame.cls) if frame is not None else ("", None)
+        if phase == "backward":
+            try:
+                tag = node.metadata.get(_META_KEY) if node is not None else None
+            except (AttributeError, RuntimeError):
+                tag = None
+            module, cls = (tag[0], tag[1]) if tag else ("", None)
+        return (info.prefix, info.base, n, info.op, module, cls, phase)
+
+    def _resolve(self) -> None:
+        """Judge the deferred chain: each link's output is non-finite only if the next link's is
+        (it reads it through a preserving op), so one screen of the last output clears them all;
+        otherwise every output is screened (none was written since) and judged in order."""
+        chain = self._chain
+        if not chain:
+            return
+        pend = self._pend
+        self._chain, self._pend, self._tail = [], {}, set()
+        state = _tool_state
+        state.busy = getattr(state, "busy", 0) + 1
+        try:
+            last = _host_fact(chain[-1][0])
+            facts = [_FINITE] * len(chain) if last == _FINITE else [_host_fact(link[0]) for link in chain[:-1]] + [last]
+        finally:
+            state.busy -= 1
+        masks = [0] * len(chain)
+        for k, (_, info, n, seq, bad_in, bad_ext, deps, ctx, mask, create) in enumerate(chain):
+            for d in deps:
+                if facts[d]:
+                    bad_in = True
+                    mask |= masks[d]
+            if bad_ext and self._host_entered is None:
+                self._host_entered = (seq, self._row_of(info, n, ctx))
+            if facts[k]:
+                row = self._row_of(info, n, ctx)
+                masks[k] = self._verdict(seq, row, facts[k], bad_in or bad_ext, create, mask, ctx[0], ctx[1])
+        memo = self._memo
+        for t, k in pend.values():
+            e = memo.get(t)
+            if e is not None and e[3] is _PENDING:
+                memo[t] = (e[0], e[1], e[2], facts[k] | (masks[k] << 2), e[4])
+
+    def _defer(self, t: torch.Tensor, info: _OpInfo, n: int, seq: int, phase: str, ins: list[tuple],
+               bad_scalar: int) -> None:
+        """Leave the screen of ``t`` (this op's only output, on the CPU) to its consumer."""
+        step = self.current_step
+        bad_in, bad_ext, deps, mask = bad_scalar == _INF, False, [], 0
+        for e in ins:
+            f = e[3]
+            if f is _PENDING:
+                deps.append(e[5])
+            elif f:
+                mask |= f >> 2
+                if e[4] == step:
+                    bad_in = True
+                else:
+                    bad_ext = True
+        k = len(self._chain)
+        self._chain.append([t, info, n, seq, bad_in, bad_ext, deps, self._ctx(phase), mask, bad_scalar == _NAN])
+        self._remember(t, step, _PENDING, 0, k=k)
+        self._tail = {id(t)}
+
+    def _current(self, t: torch.Tensor, e: tuple) -> bool:
+        """Does the memo entry ``e`` of ``t`` still describe its value?"""
+        try:
+            v = t._version
+        except RuntimeError:  # inference tensors have no version counter
+            v = None
+        return e[0] == v and self._gen.get(e[1], 0) == e[2]
+
+    def _entry(self, t: torch.Tensor) -> tuple:
+        """``t``'s memo entry (version, storage ptr, write generation, fact, producer step) if
+        current; else ``t`` is screened now (an input no tracked op produced since it changed)."""
+        e = self._memo.get(t)
+        if e is not None:
+            try:
+                v = t._version
+            except RuntimeError:  # inference tensors have no version counter
+                v = None
+            if e[0] == v and self._gen.get(e[1], 0) == e[2]:
+                return e
+        b = t._base
+        if b is not None and b.dtype == t.dtype:  # a view (autograd unpacks saved views anew)
+            e = self._memo.get(b)
+            if e is not None and e[3] is _FINITE and self._current(b, e):
+                return self._remember(t, e[4], _FINITE, 0, e[1])  # part of a finite tensor
+        e = self._remember(t, _EXTERNAL, None, 0)
+        if self._wsites and type(e[3]) is int and e[3]:
+            m = self._wsites.get(e[1])
+            if m:  # a creation site wrote into this storage in place (``out[..., 3] = nan``)
+                e = (e[0], e[1], e[2], e[3] | (m << 2), self.current_step)
+                self._memo[t] = e
+        return e
+
+    def _remember(self, t: torch.Tensor, producer: int, fact: Any, bump: int, ptr: int | None = None,
+                  k: int = -1) -> tuple:
+        """Screen ``t`` (unless ``fact`` is given) and remember it. ``bump``: 1 for a tensor a
+        single-tensor op just wrote (its version counter is bumped after the mode returns)."""
+        if fact is None:
+            fact = _host_fact(t) if t.is_cpu and self._host_read else _screen(t)
+        try:
+            v = t._version + bump
+        except RuntimeError:
+            v = None
+        try:
+            if ptr is None:
+                ptr = t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError, TypeError):  # no storage (subclasses): not remembered
+            return (v, -1, -1, fact, producer)
+        if fact is _PENDING:  # deferred: the chain index rides along
+            e = (v, ptr, self._gen.get(ptr, 0), fact, producer, k)
+            self._pend[id(t)] = (t, k)
+        else:
+            e = (v, ptr, self._gen.get(ptr, 0), fact, producer)
+        self._memo[t] = e
+        return e
+
+    def _note_writes(self, args: tuple, kwargs: dict, writes: tuple) -> list[tuple[torch.Tensor, int, int]]:
+        """Bump the write generation of every tensor the op wrote; returns (tensor, bump, ptr)."""
+        gen = self._gen
+        out = []
+        for i, name, is_list in writes:
+            v = args[i] if i < len(args) else kwargs.get(name)
+            if v is None:
+                continue
+            for t in (v if is_list else (v,)):
+                if isinstance(t, torch.Tensor):
+                    try:
+                        ptr = t.untyped_storage().data_ptr()
+                    except (RuntimeError, NotImplementedError, TypeError):
+                        continue
+                    gen[ptr] = gen.get(ptr, 0) + 1
+                    out.append((t, 0 if is_list else 1, ptr))
+        return out

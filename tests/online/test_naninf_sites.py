@@ -1,0 +1,134 @@
+"""NanInfTracker keeps every creation site of a step, and tells absorbed NaN/Inf (information)
+from harmful ones (findings): issue 14, "NaN/Inf semantics that match what users mean"."""
+
+from __future__ import annotations
+
+import torch
+
+from torchparity.online.naninf import NanInfTracker
+
+NAN = float("nan")
+
+
+class _Net(torch.nn.Module):
+    """log(0) selected away by where (absorbed), then, optionally, a real 0/0 (harmful)."""
+
+    def __init__(self, plant: bool) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.plant = plant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(4.0)  # 0, 1, 2, 3: log(0) = -inf, selected away below
+        bucket = torch.where(pos > 0, torch.log(pos), torch.zeros(4)).detach()
+        h = self.lin(x) + bucket
+        clamped = torch.log(pos * 0).clamp(min=-5.0)  # -inf clamped: absorbed
+        h = h + clamped
+        if self.plant:
+            z = torch.zeros(4)
+            h = h + z / z  # 0/0: NaN that reaches the loss
+        return h
+
+
+def _train(net: torch.nn.Module, t: NanInfTracker) -> float:
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with t:
+        loss = net(torch.ones(2, 4)).sum()
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+def test_absorbed_sites_are_information_not_findings() -> None:
+    torch.manual_seed(0)
+    t = NanInfTracker(net := _Net(plant=False))
+    loss = _train(net, t)
+    assert loss == loss
+    assert t.findings == []
+    # both logs of the module are one site (one per op, module and phase and step)
+    assert [(f.op, f.module_class) for f in t.absorbed] == [("aten.log.default", "_Net")]
+    assert all(f.kind == "absorbed" for f in t.absorbed)
+
+
+def test_absorbed_site_does_not_hide_the_harmful_one() -> None:
+    torch.manual_seed(0)
+    t = NanInfTracker(net := _Net(plant=True))
+    loss = _train(net, t)
+    assert loss != loss
+    assert [(f.kind, f.name) for f in t.findings] == [("created", "Aten.div.0.forward")]
+    assert [f.op for f in t.absorbed] == ["aten.log.default"]
+
+
+def test_every_harmful_site_is_listed_in_op_order() -> None:
+    with NanInfTracker() as t:  # no module, no backward: no sink ran, every site is a finding
+        z = torch.zeros(3)
+        a = z / z
+        b = torch.log(z)
+        (a + b + torch.full((3,), 1e38) * 10).sum()
+        t.step()
+    assert [f.name for f in t.findings] == ["Aten.div.0.forward", "Aten.log.0.forward", "Aten.mul.0.forward"]
+
+
+def test_nan_scalar_argument_is_a_creation_inf_scalar_is_asked_for() -> None:
+    with NanInfTracker() as t:
+        x = torch.ones(3)
+        m = torch.full((3,), float("-inf"))  # asked for (a mask)
+        (x + m).softmax(0)
+        _ = x * NAN  # a NaN scalar creates NaN
+        t.step()
+    assert [f.name for f in t.findings] == ["Aten.mul.0.forward"]
+
+
+def test_device_fold_lists_every_site() -> None:
+    t = NanInfTracker()
+    t._host_read = False
+    with t:
+        z = torch.zeros(3)
+        (z / z).sum()
+        torch.log(z).sum()
+        torch.ones(3) * NAN
+        t.step()
+    assert [f.name for f in t.findings] == ["Aten.div.0.forward", "Aten.log.0.forward", "Aten.mul.0.forward"]
+
+
+def test_device_fold_check_mid_step_keeps_the_sites_for_the_step_end() -> None:
+    t = NanInfTracker()
+    t._host_read = False
+    with t:
+        z = torch.zeros(3)
+        (z / z).sum()
+        assert t.check() is not None and t.check().name == "Aten.div.0.forward"  # read twice
+        torch.log(z).sum()
+        t.step()
+    assert [f.name for f in t.findings] == ["Aten.div.0.forward", "Aten.log.0.forward"]
+
+
+def test_recomputed_absorbed_site_stays_absorbed() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    class Ckpt(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _Net(plant=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    torch.manual_seed(0)
+    t = NanInfTracker(net := Ckpt())
+    _train(net, t)
+    assert t.findings == [], [str(f) for f in t.findings]
+    assert {f.phase for f in t.absorbed} == {"forward", "recompute"}
+
+
+def test_device_fold_walks_lineage_absorbed_vs_harmful() -> None:
+    torch.manual_seed(0)
+    t = NanInfTracker(net := _Net(plant=False))
+    t._host_read = False
+    _train(net, t)
+    assert t.findings == [] and [f.op for f in t.absorbed] == ["aten.log.default"]
+    torch.manual_seed(0)
+    t = NanInfTracker(net := _Net(plant=True))
+    t._host_read = False
+    _train(net, t)
+    assert [f.name for f in t.findings] == ["Aten.div.0.forward"]
