@@ -1,0 +1,150 @@
+"""Run the model zoo (tests/zoo) and write its table: model x feature -> OK / false alarm / miss / crash.
+
+    python bench/zoo.py --out bench/results/zoo.md -j 2
+    python bench/zoo.py --models llama-eager,lstm --features dump-aten,online-bf16 --out /tmp/z.md
+    python bench/zoo.py --list
+
+Every cell runs in its own subprocess (``--cell MODEL FEATURE``) with a timeout, so a tool that
+aborts the process (a ``double free``, a segfault) or hangs is recorded as ``crash`` and the run
+goes on. The child prints one ``ZOO-RESULT {json}`` line; anything else on its output is ignored.
+Results are also written as JSON beside the Markdown table (``--out`` with ``.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO_DIR = ROOT / "tests" / "zoo"
+MARK = "ZOO-RESULT "
+
+
+def _import_zoo() -> tuple[dict, dict]:
+    sys.path.insert(0, str(ZOO_DIR))
+    from cells import FEATURES  # noqa: PLC0415
+    from models import ZOO  # noqa: PLC0415
+
+    return ZOO, FEATURES
+
+
+def run_child(model: str, feature: str, workdir: str) -> None:
+    """The ``--cell`` entry point: run one cell here and print its verdict."""
+    _, _ = _import_zoo()
+    from cells import run_cell  # noqa: PLC0415
+
+    cell = run_cell(model, feature, Path(workdir))
+    print(MARK + json.dumps(cell.to_dict()), flush=True)
+
+
+def run_one(model: str, feature: str, timeout: float, tmp: Path) -> dict:
+    """Run one cell in a subprocess; an abort, a signal or a timeout is a ``crash``."""
+    wd = tmp / f"{model}__{feature}"
+    t0 = time.perf_counter()
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--cell", model, feature, "--workdir", str(wd)]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": "crash", "note": f"timed out after {timeout:.0f} s", "seconds": round(time.perf_counter() - t0, 1)}
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    if p.returncode < 0:
+        why = f"killed by {signal.Signals(-p.returncode).name}"
+    else:
+        why = f"exit {p.returncode}"
+    tail = [ln for ln in p.stderr.splitlines() if ln.strip()][-1:] or [""]
+    return {"status": "crash", "note": f"process died ({why}): {tail[0][:200]}", "seconds": round(time.perf_counter() - t0, 1)}
+
+
+SYMBOL = {"OK": "OK", "false alarm": "**FALSE ALARM**", "miss": "**MISS**", "crash": "**CRASH**", "n/a": "n/a"}
+
+
+def write_table(results: dict, models: list[str], features: list[str], out: Path, header: str) -> None:
+    """The Markdown table (features as rows, models as columns), then every non-OK cell's note."""
+    counts: dict[str, int] = {}
+    for r in results.values():
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    lines = [header, "", "Totals: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())), "",
+             "| feature | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
+    for f in features:
+        cells = []
+        for m in models:
+            r = results.get((m, f))
+            cells.append("" if r is None else f"{SYMBOL.get(r['status'], r['status'])} {r['seconds']:.0f}s")
+        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+    lines += ["", "## What was reported (every cell that is not OK)", ""]
+    for f in features:
+        for m in models:
+            r = results.get((m, f))
+            if r is not None and r["status"] != "OK":
+                note = r["note"].replace("|", "\\|")
+                lines.append(f"- **{m} / {f}** ({r['status']}): {note}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(
+        [{"model": m, "feature": f, **r} for (m, f), r in sorted(results.items())], indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "zoo.md")
+    ap.add_argument("--models", default="", help="comma-separated (default: all)")
+    ap.add_argument("--features", default="", help="comma-separated (default: all)")
+    ap.add_argument("-j", "--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
+    ap.add_argument("--list", action="store_true", help="list models and features")
+    ap.add_argument("--cell", nargs=2, metavar=("MODEL", "FEATURE"), help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.cell:
+        run_child(a.cell[0], a.cell[1], a.workdir)
+        return 0
+    zoo, features = _import_zoo()
+    if a.list:
+        print("models:  ", " ".join(zoo))
+        print("features:", " ".join(features))
+        return 0
+    models = [m for m in a.models.split(",") if m] or list(zoo)
+    feats = [f for f in a.features.split(",") if f] or list(features)
+    unknown = [m for m in models if m not in zoo] + [f for f in feats if f not in features]
+    if unknown:
+        print(f"bench/zoo.py: unknown model/feature {', '.join(unknown)} (see --list)", file=sys.stderr)
+        return 2
+    results: dict = {}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="zoo-") as tmp, cf.ThreadPoolExecutor(max(1, a.jobs)) as pool:
+        futs = {pool.submit(run_one, m, f, a.timeout, Path(tmp)): (m, f) for m in models for f in feats}
+        for fut in cf.as_completed(futs):
+            m, f = futs[fut]
+            results[(m, f)] = r = fut.result()
+            print(f"{m:12s} {f:26s} {r['status']:12s} {r['seconds']:6.1f}s  {r['note'][:150]}", flush=True)
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    header = (f"# Model zoo: where torchparity stands\n\nDate {datetime.date.today()}, "
+              f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores (shared), "
+              f"torch {torch.__version__}, transformers {transformers.__version__}, "
+              f"wall {time.perf_counter() - t0:.0f} s.\n\nCommand: `python bench/zoo.py "
+              + " ".join(argv if argv is not None else sys.argv[1:]) + "`\n\n"
+              "Cells: OK; FALSE ALARM (a problem reported on a clean run, or no conclusion); MISS (a "
+              "planted fault not named, or named wrongly); CRASH (an exception or a dead process); "
+              "n/a (does not apply). Meaning of each feature: docs/zoo.md.")
+    write_table(results, models, feats, a.out, header)
+    print(f"wrote {a.out} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
