@@ -32,8 +32,8 @@ MARK = "ZOO-RESULT "
 
 def _import_zoo() -> tuple[dict, dict]:
     sys.path.insert(0, str(ZOO_DIR))
-    from cells import FEATURES  # noqa: PLC0415
-    from models import ZOO  # noqa: PLC0415
+    from zoo_cells import FEATURES  # noqa: PLC0415
+    from zoo_models import ZOO  # noqa: PLC0415
 
     return ZOO, FEATURES
 
@@ -41,7 +41,7 @@ def _import_zoo() -> tuple[dict, dict]:
 def run_child(model: str, feature: str, workdir: str) -> None:
     """The ``--cell`` entry point: run one cell here and print its verdict."""
     _, _ = _import_zoo()
-    from cells import run_cell  # noqa: PLC0415
+    from zoo_cells import run_cell  # noqa: PLC0415
 
     cell = run_cell(model, feature, Path(workdir))
     print(MARK + json.dumps(cell.to_dict()), flush=True)

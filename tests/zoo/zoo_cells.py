@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from models import ZOO, Trainer, ZooSpec  # noqa: I001  (tests/zoo is on sys.path)
+from zoo_models import ZOO, Trainer, ZooSpec  # noqa: I001  (tests/zoo is on sys.path)
 
 OK, FALSE_ALARM, MISS, CRASH, NA = "OK", "false alarm", "miss", "crash", "n/a"
 LEVELS = ("module", "api", "aten", "mix")
