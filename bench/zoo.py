@@ -4,9 +4,11 @@
     python bench/zoo.py --models llama-eager,lstm --features dump-aten,online-bf16 --out /tmp/z.md
     python bench/zoo.py --list
 
-Every cell runs in its own subprocess (``--cell MODEL FEATURE``) with a timeout, so a tool that
-aborts the process (a ``double free``, a segfault) or hangs is recorded as ``crash`` and the run
-goes on. The child prints one ``ZOO-RESULT {json}`` line; anything else on its output is ignored.
+The cells of a model run in a subprocess (``--cell MODEL F1,F2,...``) with a timeout per cell, so
+a tool that aborts the process (a ``double free``, a segfault) or hangs is recorded as the
+``crash`` of the cell in flight, and a fresh process runs the remaining cells (also after a cell
+that crashed with an exception: the tool may have left state behind). The child prints
+``ZOO-START feature`` and ``ZOO-RESULT {json}`` lines; anything else on its output is ignored.
 Results are also written as JSON beside the Markdown table (``--out`` with ``.json``).
 """
 
@@ -18,16 +20,19 @@ import datetime
 import json
 import os
 import platform
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO_DIR = ROOT / "tests" / "zoo"
 MARK = "ZOO-RESULT "
+START = "ZOO-START "
 
 
 def _import_zoo() -> tuple[dict, dict]:
@@ -38,34 +43,78 @@ def _import_zoo() -> tuple[dict, dict]:
     return ZOO, FEATURES
 
 
-def run_child(model: str, feature: str, workdir: str) -> None:
-    """The ``--cell`` entry point: run one cell here and print its verdict."""
-    _, _ = _import_zoo()
+def run_child(model: str, features: list[str], workdir: str) -> None:
+    """The ``--cell`` entry point: run cells of one model here, one after the other, printing
+    ``ZOO-START feature`` before and ``ZOO-RESULT {json}`` after each. Stops after a ``crash``
+    (the tool may have left state behind): the runner starts a fresh process for the rest."""
+    _import_zoo()
     from zoo_cells import run_cell  # noqa: PLC0415
 
-    cell = run_cell(model, feature, Path(workdir))
-    print(MARK + json.dumps(cell.to_dict()), flush=True)
+    for f in features:
+        print(START + f, flush=True)
+        cell = run_cell(model, f, Path(workdir) / f)
+        print(MARK + json.dumps({"feature": f, **cell.to_dict()}), flush=True)
+        if cell.status == "crash":
+            return
 
 
-def run_one(model: str, feature: str, timeout: float, tmp: Path) -> dict:
-    """Run one cell in a subprocess; an abort, a signal or a timeout is a ``crash``."""
-    wd = tmp / f"{model}__{feature}"
-    t0 = time.perf_counter()
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--cell", model, feature, "--workdir", str(wd)]
+def run_model(model: str, features: list[str], timeout: float, tmp: Path) -> dict[str, dict]:
+    """Run every feature of ``model`` in as few subprocesses as possible: a fresh process after a
+    crash, an abort, a signal or a timeout (each recorded as the ``crash`` of the cell in flight)."""
+    results: dict[str, dict] = {}
+    while len(results) < len(features):
+        todo = [f for f in features if f not in results]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--cell", model, ",".join(todo),
+               "--workdir", str(tmp / model)]
+        got = run_cmd(cmd, timeout, todo)
+        if not got:  # the child ended cleanly without running anything: do not loop forever
+            got = {f: {"status": "crash", "note": "the cell process ended without a result", "seconds": 0.0} for f in todo}
+        results.update(got)
+    return results
+
+
+def run_cmd(cmd: list[str], timeout: float, features: list[str]) -> dict[str, dict]:
+    """Run a child and read its ``ZOO-RESULT`` lines as they come. The cell in flight when the
+    child ends without its result, or runs past ``timeout`` seconds (then the child is killed), is
+    a ``crash`` saying how the process ended and the last line of its stderr."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"status": "crash", "note": f"timed out after {timeout:.0f} s", "seconds": round(time.perf_counter() - t0, 1)}
-    for line in reversed(p.stdout.splitlines()):
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
-    if p.returncode < 0:
-        why = f"killed by {signal.Signals(-p.returncode).name}"
-    else:
-        why = f"exit {p.returncode}"
-    tail = [ln for ln in p.stderr.splitlines() if ln.strip()][-1:] or [""]
-    return {"status": "crash", "note": f"process died ({why}): {tail[0][:200]}", "seconds": round(time.perf_counter() - t0, 1)}
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump() -> None:
+            for ln in p.stdout:  # type: ignore[union-attr]
+                lines.put(ln.rstrip("\n"))
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        started, t_start, why = None, time.perf_counter(), ""
+        while True:
+            try:
+                line = lines.get(timeout=max(0.1, t_start + timeout - time.perf_counter()))
+            except queue.Empty:
+                p.kill()
+                why = f"timed out after {timeout:.0f} s"
+                break
+            if line is None:
+                break
+            if line.startswith(START):
+                started, t_start = line[len(START):], time.perf_counter()
+            elif line.startswith(MARK):
+                r = json.loads(line[len(MARK):])
+                results[r.pop("feature")] = r
+                started, t_start = None, time.perf_counter()
+        rc = p.wait()
+        if not why:
+            why = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
+        err.seek(0)
+        tail = [ln for ln in err.read().splitlines() if ln.strip()][-1:] or [""]
+    in_flight = started or next((f for f in features if f not in results), None)
+    if in_flight is not None and (started is not None or not results):
+        results[in_flight] = {"status": "crash", "note": f"process died ({why}): {tail[0][:200]}",
+                              "seconds": round(time.perf_counter() - t_start, 1)}
+    return results
 
 
 SYMBOL = {"OK": "OK", "false alarm": "**FALSE ALARM**", "miss": "**MISS**", "crash": "**CRASH**", "n/a": "n/a"}
@@ -109,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.cell:
-        run_child(a.cell[0], a.cell[1], a.workdir)
+        run_child(a.cell[0], a.cell[1].split(","), a.workdir)
         return 0
     zoo, features = _import_zoo()
     if a.list:
@@ -125,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="zoo-") as tmp, cf.ThreadPoolExecutor(max(1, a.jobs)) as pool:
-        futs = {pool.submit(run_one, m, f, a.timeout, Path(tmp)): (m, f) for m in models for f in feats}
+        futs = {pool.submit(run_model, m, feats, a.timeout, Path(tmp)): m for m in models}
         for fut in cf.as_completed(futs):
-            m, f = futs[fut]
-            results[(m, f)] = r = fut.result()
-            print(f"{m:12s} {f:26s} {r['status']:12s} {r['seconds']:6.1f}s  {r['note'][:150]}", flush=True)
+            m = futs[fut]
+            for f, r in fut.result().items():
+                results[(m, f)] = r
+                print(f"{m:12s} {f:26s} {r['status']:12s} {r['seconds']:6.1f}s  {r['note'][:150]}", flush=True)
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
