@@ -99,7 +99,14 @@ def _describe(res: Any) -> str:
     s = res.summary
     if not res.complete:
         return _short(f"incomplete: {s.get('incomplete_reason') or s.get('warnings') or s}")
-    return _short(f"no root cause, {s.get('n_error', 0)} error rows")
+    rows = res.rows
+    first = ""
+    if len(rows) and "verdict" in rows.columns:
+        err = rows[rows["verdict"] == "error"]
+        if len(err):
+            r = err.iloc[0]
+            first = f"; first {r.get('device_name')} {r.get('tensor')} in {r.get('module') or '-'!r}: {r.get('reason')}"
+    return _short(f"no root cause, {s.get('n_error', 0)} error rows{first}")
 
 
 def _compare(dev: Path, bench: Path) -> Any:
@@ -135,7 +142,7 @@ def lowp_clean(precision: str, level: str) -> Callable[[ZooSpec, Path], Cell]:
 _FAULT_SITES = {  # where -> (op pattern, ZooSpec attribute of the module, phase)
     "fwd-mm": ("aten.*mm", "fwd_module", "forward"),
     "bwd-mm": ("aten.*mm", "bwd_module", "backward"),
-    "softmax": ("aten._softmax", "softmax_module", "forward"),
+    "softmax": ("aten._*softmax", "softmax_module", "forward"),  # _softmax, _safe_softmax (T5)
 }
 
 

@@ -266,6 +266,10 @@ ZOO: dict[str, ZooSpec] = {s.name: s for s in [
 ]}
 
 
+#: models that need only torch (the rest need ``transformers``)
+PLAIN = frozenset({"cnn", "lstm", "gru"})
+
+
 # ---- training --------------------------------------------------------------------------------
 
 class Trainer:
