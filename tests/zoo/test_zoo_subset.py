@@ -19,6 +19,9 @@ from zoo_cells import FEATURES, run_cell
 from zoo_models import PLAIN, ZOO
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the known failures were recorded with torch 2.13 (bench/results/zoo.md); on another torch a kernel
+#: may differ (an older oneDNN RNN without a workspace), so there they may pass without failing CI
+_STRICT = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
 
 PASSING = [
     ("cnn", "dump-aten"),
@@ -60,7 +63,7 @@ def _fp16_ok() -> bool:
 
 def _params() -> list:
     out = [pytest.param(m, f, id=f"{m}/{f}") for m, f in PASSING]
-    out += [pytest.param(m, f, id=f"{m}/{f}", marks=pytest.mark.xfail(strict=True, reason=why))
+    out += [pytest.param(m, f, id=f"{m}/{f}", marks=pytest.mark.xfail(strict=_STRICT, reason=why))
             for (m, f), why in KNOWN_FAILING.items()]
     return out
 

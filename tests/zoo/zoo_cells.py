@@ -189,18 +189,19 @@ def planted_fault(where: str, factor: float, precision: str = "bf16", level: str
 
 # ---- NaN/Inf tracker -------------------------------------------------------------------------
 
-def _track(tr: Trainer, steps: int) -> Any:
+def _track(tr: Trainer, steps: int) -> tuple[Any, list[float]]:
+    """Train ``steps`` steps under a NanInfTracker; returns the tracker and the losses."""
     import torchparity
 
     with torchparity.NanInfTracker(tr.model, on_failure="log") as tracker:
-        tr.train(steps)
-    return tracker
+        losses = tr.train(steps)
+    return tracker, losses
 
 
 def naninf_clean(precision: str = "fp32") -> Callable[[ZooSpec, Path], Cell]:
     """The tracker on a clean model, 2 steps: no finding."""
     def cell(spec: ZooSpec, wd: Path) -> Cell:
-        tracker = _track(_trainer(spec, precision), 2)
+        tracker, _ = _track(_trainer(spec, precision), 2)
         if tracker.findings:
             return Cell(FALSE_ALARM, _short("; ".join(str(f) for f in tracker.findings)))
         return Cell(OK, "no finding")
@@ -222,8 +223,7 @@ def naninf_dispatch(spec: ZooSpec, wd: Path) -> Cell:
     fault = _pin(spec, "fp32", spec.nan_op, spec.nan_module, "forward", wd, kind="nan", index=3)
     tr = _trainer(spec, "fp32")
     with emulate(dtype=None, faults=[fault]) as dev:
-        tracker = _track(tr, 1)
-        losses = [float("nan")]
+        tracker, losses = _track(tr, 1)
     inj = dev.injections[0]
     planted = f"NaN in {inj.op} in {inj.module!r}"
     base = inj.op.rsplit(".", 1)[0]
