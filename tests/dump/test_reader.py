@@ -413,7 +413,7 @@ def test_stacks_lines_that_are_not_objects(tmp_path):
     ('{"complete": tr', "footer.json is unreadable"),
     ("[1]", "footer.json holds a list, not an object"),
     ('{"complete": true, "records": "x"}', "'records' is a string"),
-    ('{"complete": false, "records": 3}', "'complete' is False, not true"),
+    ('{"complete": false, "records": 3}', "'complete' is false"),
     ('{"complete": false, "records": 3, "error": "internal error in the dump writer: File too large"}',
      "the dump writer stopped with an error: internal error in the dump writer: File too large"),
 ])
