@@ -322,6 +322,8 @@ BAD_VALUES = [
     ({"tensors": _tensor(io=5)}, "io is an integer (5), not a string"),
     ({"tensors": _tensor(arg=0)}, "arg is an integer (0), not a string"),
     ({"tensors": _tensor(dtype={"odd": 1})}, "dtype is an object"),
+    ({"tensors": _tensor(dtype="float+2")}, "dtype has a bad value 'float+2'"),  # a flipped byte: agreed before
+    ({"tensors": _tensor(dtype="")}, "dtype has a bad value ''"),
     ({"tensors": _tensor(producer="x")}, "producer is 'x', not [record id, output index]"),
     ({"tensors": _tensor(producer=[1, "a"])}, "producer is [1, 'a']"),
     ({"tensors": _tensor(file="../../etc/passwd", key="k")}, "file has a bad value '../../etc/passwd'"),

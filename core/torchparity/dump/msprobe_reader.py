@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DumpError
+from .columns import dtype_ok
 from .reader import COLUMNS, Damage, DumpUnit, PtRef, empty_frame
 
 _MODULE_RE = re.compile(r"^Module\.(?:(.*)\.)?([^.]+)\.(forward|backward|parameters_grad)\.(\d+)$")
@@ -228,7 +229,7 @@ def leaf_problem(t: Any) -> str | None:
     if not ("Tensor" in typ or ("dtype" in t and "shape" in t)):
         return None  # a value description: any JSON value
     dtype, shape = t.get("dtype"), t.get("shape")
-    if type(dtype) is not str or not _dtype_ok(dtype):
+    if type(dtype) is not str or not dtype_ok(dtype):
         return f"is a tensor whose 'dtype' is {_what(dtype)}, not a dtype name"
     if type(shape) is not list or not all(type(x) is int and x >= 0 for x in shape):
         return f"is a tensor whose 'shape' is {_shown(shape)}, not a list of sizes"
@@ -248,18 +249,6 @@ def leaf_problem(t: Any) -> str | None:
     if t.get("data_name") is not None and not _safe_name(t["data_name"]):
         return f"'data_name' is {_shown(t['data_name'])}, not a file name in dump_tensor_data"
     return None
-
-
-_NEWER_DTYPES = re.compile(r"^(float8_\w+|float4_\w+|u?int\d+|bits\w+)$")
-
-
-def _dtype_ok(name: str) -> bool:
-    """A torch dtype name (``torch.float16`` or ``float16``); names of dtypes newer than this torch
-    (float8/float4 variants, uint/int widths, bits) are accepted by their form."""
-    import torch
-
-    base = name[6:] if name.startswith("torch.") else name
-    return isinstance(getattr(torch, base, None), torch.dtype) or _NEWER_DTYPES.match(base) is not None
 
 
 def _parent_ok(parent: Any) -> bool:
