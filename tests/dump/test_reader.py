@@ -521,12 +521,15 @@ def test_msprobe_valid_values_are_not_damage(tmp_path):
                                       "Min": None, "Mean": None, "Norm": None, "requires_grad": False})
         d[_FWD]["input_kwargs"] = {"bias": None, "dim": {"type": "torch.Size", "value": [2, 3]}}
         d["Tensor.__setitem__.0.forward"] = {"input_args": [], "input_kwargs": {}, "output": None}
+        d["Module.layers.0.mlp.MLP.parameters_grad"] = {"weight": [dict(d[_FWD]["input_args"][0])]}
     root = _edit_msprobe(_msprobe_dump(tmp_path / "ms"), edit)
     cons = root / "step0" / "rank0" / "construct.json"
     cons.write_text(json.dumps(dict(json.loads(cons.read_text()), **{"Tensor.__setitem__.0.forward": None})))
     w: list[str] = []
-    read_unit(open_dump(root).unit(0, 0), w)
+    df = read_unit(open_dump(root).unit(0, 0), w)
     assert not damage(w), w
+    grad = df[df["name"] == "Module.layers.0.mlp.MLP.parameters_grad"]
+    assert list(grad["io"]) == ["grad"] and list(grad["module"]) == ["layers.0.mlp"]
 
 
 def test_msprobe_record_missing_from_construct_is_damage(tmp_path):

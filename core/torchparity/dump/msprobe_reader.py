@@ -28,7 +28,7 @@ from ..errors import DumpError
 from .columns import dtype_ok
 from .reader import COLUMNS, Damage, DumpUnit, PtRef, empty_frame
 
-_MODULE_RE = re.compile(r"^Module\.(?:(.*)\.)?([^.]+)\.(forward|backward|parameters_grad)\.(\d+)$")
+_MODULE_RE = re.compile(r"^Module\.(?:(.*)\.)?([^.]+)\.(forward|backward|parameters_grad)(?:\.(\d+))?$")
 _API_RE = re.compile(r"^([A-Za-z0-9_]+)\.(.+)\.(\d+)\.(forward|backward)$")
 _PREFIX_NS = {
     "Functional": "torch.nn.functional",
