@@ -330,6 +330,8 @@ BAD_VALUES = [
     ({"tensors": _tensor(file="/etc/passwd", key="k")}, "file has a bad value '/etc/passwd'"),
     ({"op": ["a"]}, "op is a list (['a']), not a string"),
     ({"op": ""}, "op has a bad value ''"),
+    ({"phase": ""}, "phase has a bad value ''"),  # reached compare's matching as a TypeError traceback
+    ({"level": ""}, "level has a bad value ''"),
     ({"id": "x"}, "id is a string ('x'), not an integer"),
     ({"id": -4}, "id has a bad value -4"),
     ({"call_index": "x"}, "call_index is a string"),
