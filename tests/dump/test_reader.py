@@ -322,12 +322,16 @@ BAD_VALUES = [
     ({"tensors": _tensor(io=5)}, "io is an integer (5), not a string"),
     ({"tensors": _tensor(arg=0)}, "arg is an integer (0), not a string"),
     ({"tensors": _tensor(dtype={"odd": 1})}, "dtype is an object"),
+    ({"tensors": _tensor(dtype="float+2")}, "dtype has a bad value 'float+2'"),  # a flipped byte: agreed before
+    ({"tensors": _tensor(dtype="")}, "dtype has a bad value ''"),
     ({"tensors": _tensor(producer="x")}, "producer is 'x', not [record id, output index]"),
     ({"tensors": _tensor(producer=[1, "a"])}, "producer is [1, 'a']"),
     ({"tensors": _tensor(file="../../etc/passwd", key="k")}, "file has a bad value '../../etc/passwd'"),
     ({"tensors": _tensor(file="/etc/passwd", key="k")}, "file has a bad value '/etc/passwd'"),
     ({"op": ["a"]}, "op is a list (['a']), not a string"),
     ({"op": ""}, "op has a bad value ''"),
+    ({"phase": ""}, "phase has a bad value ''"),  # reached compare's matching as a TypeError traceback
+    ({"level": ""}, "level has a bad value ''"),
     ({"id": "x"}, "id is a string ('x'), not an integer"),
     ({"id": -4}, "id has a bad value -4"),
     ({"call_index": "x"}, "call_index is a string"),
@@ -413,7 +417,7 @@ def test_stacks_lines_that_are_not_objects(tmp_path):
     ('{"complete": tr', "footer.json is unreadable"),
     ("[1]", "footer.json holds a list, not an object"),
     ('{"complete": true, "records": "x"}', "'records' is a string"),
-    ('{"complete": false, "records": 3}', "'complete' is False, not true"),
+    ('{"complete": false, "records": 3}', "'complete' is false"),
     ('{"complete": false, "records": 3, "error": "internal error in the dump writer: File too large"}',
      "the dump writer stopped with an error: internal error in the dump writer: File too large"),
 ])
@@ -459,3 +463,84 @@ def test_a_file_is_not_a_dump(tmp_path, capsys, name):
 def test_msprobe_dump_json_file_is_accepted(tmp_path):
     root = _msprobe_dump(tmp_path / "ms")
     assert open_dump(root / "step0" / "rank0" / "dump.json").format == "msprobe"
+
+
+# ---- msprobe leaves of the wrong type (issue 13, readers part 2) ---------------------------------
+
+def _edit_msprobe(root, fn):
+    p = root / "step0" / "rank0" / "dump.json"
+    doc = json.loads(p.read_text())
+    fn(doc["data"])
+    p.write_text(json.dumps(doc))
+    return root
+
+
+_FWD, _BWD = "Functional.linear.0.forward", "Functional.linear.0.backward"
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda d: d[_FWD].update(input_args=None), "'input_args' is null, not a list"),
+    (lambda d: d[_FWD].update(input_kwargs=[1]), "'input_kwargs' is a list ([1]), not an object"),
+    (lambda d: d[_FWD]["input_args"][0].update(Max="oops"), "input_args.0 'Max' is a string ('oops'), not a number"),
+    (lambda d: d[_FWD]["input_args"][0].update(Min=True), "'Min' is a boolean"),
+    (lambda d: d[_FWD]["input_args"][0].update(Mean=None), "Mean null but other statistics given"),
+    (lambda d: d[_FWD]["input_args"].__setitem__(1, "oops"),
+     "input_args.1 is a string ('oops'), not a tensor or value description"),
+    (lambda d: d[_FWD]["output"].__setitem__(0, 7), "output.0 is an integer (7), not a tensor or value description"),
+    (lambda d: d[_FWD]["input_args"][0].update(shape=[2, -3]), "'shape' is [2, -3], not a list of sizes"),
+    (lambda d: d[_FWD]["input_args"][0].update(shape="2x3"), "'shape' is '2x3', not a list of sizes"),
+    (lambda d: d[_FWD]["input_args"][0].update(dtype=None), "'dtype' is null"),
+    (lambda d: d[_FWD]["input_args"][0].update(dtype="torch.flaot32"), "'dtype' is a string ('torch.flaot32')"),
+    (lambda d: d[_FWD]["output"][0].update(data_name="../../x.pt"), "'data_name' is '../../x.pt'"),
+    (lambda d: d[_BWD]["input"][0].update(requires_grad="no"), "'requires_grad' is a string"),
+    (lambda d: d[_BWD]["output"][0].update(type=3), "'type' is an integer"),
+])
+def test_msprobe_wrong_values_are_damage(tmp_path, edit, why):
+    """Before: these msprobe leaves compared as "agree" (a string leaf became a 'none' row, a bad
+    statistic NaN, a null input_args no rows at all)."""
+    clean = _msprobe_dump(tmp_path / "clean")
+    bad = _edit_msprobe(_msprobe_dump(tmp_path / "bad"), edit)
+    w: list[str] = []
+    df = read_unit(open_dump(bad).unit(0, 0), w)
+    lost = damage(w)
+    assert len(lost) == 1 and why in lost[0] and "dump.json" in lost[0] and "\n" not in lost[0], w
+    assert "entry with wrong values skipped" in lost[0]
+    assert len(df["name"].unique()) == 2  # the damaged entry is left out, the other two are read
+    with pytest.raises(DumpError, match="wrong values"):
+        torchparity.compare(bad, clean)
+    res = torchparity.compare(bad, clean, allow_partial=True)  # what was read still compares
+    assert any("wrong values" in x for x in res.summary["warnings"])
+
+
+def test_msprobe_valid_values_are_not_damage(tmp_path):
+    """None arguments, value descriptions, NaN strings, output null (Tensor.__setitem__): valid."""
+    def edit(d):
+        d[_FWD]["input_args"].append(None)
+        d[_FWD]["input_args"].append({"type": "int", "value": 3})
+        d[_FWD]["input_args"].append({"type": "torch.Tensor", "dtype": "torch.bool", "shape": [2], "Max": True,
+                                      "Min": False, "Mean": None, "Norm": None, "requires_grad": False})
+        d[_FWD]["input_args"].append({"type": "torch.Tensor", "dtype": "torch.float32", "shape": [0], "Max": None,
+                                      "Min": None, "Mean": None, "Norm": None, "requires_grad": False})
+        d[_FWD]["input_kwargs"] = {"bias": None, "dim": {"type": "torch.Size", "value": [2, 3]}}
+        d["Tensor.__setitem__.0.forward"] = {"input_args": [], "input_kwargs": {}, "output": None}
+        d["Module.layers.0.mlp.MLP.parameters_grad"] = {"weight": [dict(d[_FWD]["input_args"][0])]}
+    root = _edit_msprobe(_msprobe_dump(tmp_path / "ms"), edit)
+    cons = root / "step0" / "rank0" / "construct.json"
+    cons.write_text(json.dumps(dict(json.loads(cons.read_text()), **{"Tensor.__setitem__.0.forward": None})))
+    w: list[str] = []
+    df = read_unit(open_dump(root).unit(0, 0), w)
+    assert not damage(w), w
+    grad = df[df["name"] == "Module.layers.0.mlp.MLP.parameters_grad"]
+    assert list(grad["io"]) == ["grad"] and list(grad["module"]) == ["layers.0.mlp"]
+
+
+def test_msprobe_record_missing_from_construct_is_damage(tmp_path):
+    """A construct.json that names other records but not this API record (a flipped byte in its
+    key): the record lost its module path, so it must not pair silently."""
+    root = _msprobe_dump(tmp_path / "ms")
+    cons = root / "step0" / "rank0" / "construct.json"
+    cons.write_text(cons.read_text().replace('"Functional.linear.0.forward"', '"Gunctional.linear.0.forward"'))
+    w: list[str] = []
+    read_unit(open_dump(root).unit(0, 0), w)
+    lost = damage(w)
+    assert len(lost) == 1 and "names no parent for 1 API record(s)" in lost[0] and _FWD in lost[0], w

@@ -12,6 +12,7 @@ from . import EXIT_OK
 
 def describe_dump(path: str) -> dict[str, Any]:
     """Steps, ranks, record counts, completeness and device of every (step, rank) in a dump."""
+    from ..dump.footer import read_footer
     from ..dump.reader import damage, open_dump, read_unit
 
     reader = open_dump(path)
@@ -23,21 +24,13 @@ def describe_dump(path: str) -> dict[str, Any]:
         footer = reader.footer(u.step, u.rank) if u.format == "torchparity" else None
         backend = header.get("backend") if isinstance(header.get("backend"), dict) else {}
         error = footer.get("error") if footer else None
-        if u.format != "torchparity":
-            state = None
-        elif error:
-            state = f"the dump writer stopped with an error: {' '.join(str(error).split())[:300]}"
-        elif footer is None:
-            state = ("footer.json is damaged" if (u.path / "footer.json").exists()
-                     else "no footer: the run stopped early")
-        else:
-            state = None if footer.get("complete") is True else "footer.json does not say complete"
+        state = read_footer(u.path, f"step{u.step}/rank{u.rank}").state if u.format == "torchparity" else None
         units.append({
             "step": u.step, "rank": u.rank,
             "records": int(df["record_id"].nunique()) if len(df) else 0,
             "tensors": int(len(df)),
             "complete": (state is None) if u.format == "torchparity" else None,
-            "incomplete_because": state, "writer_error": str(error) if error else None,
+            "incomplete_because": state, "writer_error": str(error) if isinstance(error, str) else None,
             "level": header.get("level"), "mode": header.get("mode"),
             "device": backend.get("device_name") or backend.get("backend"),
             "emulated": bool(backend.get("emulation")),

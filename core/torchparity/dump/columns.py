@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from itertools import chain
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Sequence
@@ -129,6 +130,18 @@ def _shown(v: Any) -> str:
 
 
 # ---- value rules ------------------------------------------------------------------------------
+
+
+_NEWER_DTYPES = re.compile(r"^(float8_\w+|float4_\w+|u?int\d+|bits\w+)$")
+
+
+def dtype_ok(name: str) -> bool:
+    """A torch dtype name (``float16`` or ``torch.float16``). Names of dtypes newer than this torch
+    (float8/float4 variants, uint/int widths, bits) are accepted by their form."""
+    import torch
+
+    base = name[6:] if name.startswith("torch.") else name
+    return isinstance(getattr(torch, base, None), torch.dtype) or _NEWER_DTYPES.match(base) is not None
 
 
 def _nonneg_int(v: Any) -> bool:
@@ -301,8 +314,8 @@ class RecordColumns:
             yield from _column_problems(ids, (int,), _nonneg_int, "id")
         yield from _column_problems(names, (str,), None, "name", distinct=False)
         yield from _column_problems(ops, (str,), bool, "op")
-        yield from _column_problems(levels, (str,), None, "level")
-        yield from _column_problems(phases, (str,), None, "phase")
+        yield from _column_problems(levels, (str,), bool, "level")
+        yield from _column_problems(phases, (str,), bool, "phase")
         yield from _column_problems(modules, (str,), None, "module")
         yield from _column_problems(cis, (int,), _nonneg_int, "call_index")
         yield from _column_problems(fwds, (int, _NONE), None, "fwd", distinct=False)
@@ -321,7 +334,7 @@ class RecordColumns:
         yield from _column_problems(io, (str,), IO_VALUES.__contains__, "io")
         yield from _column_problems(arg, (str,), None, "arg")
         yield from _column_problems(kind, (str,), KIND_VALUES.__contains__, "kind")
-        yield from _column_problems(dtype, (str, _NONE), None, "dtype")
+        yield from _column_problems(dtype, (str, _NONE), lambda v: v is None or dtype_ok(v), "dtype")
         yield from _column_problems(shape, (tuple, _NONE), lambda v: v is None or _int_tuple(v, True), "shape")
         yield from _column_problems(stride, (tuple, _NONE), lambda v: v is None or _int_tuple(v, False), "stride")
         yield from _column_problems(rg, (bool, _NONE), None, "requires_grad")

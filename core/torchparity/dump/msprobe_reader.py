@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DumpError
+from .columns import dtype_ok
 from .reader import COLUMNS, Damage, DumpUnit, PtRef, empty_frame
 
-_MODULE_RE = re.compile(r"^Module\.(?:(.*)\.)?([^.]+)\.(forward|backward|parameters_grad)\.(\d+)$")
+_MODULE_RE = re.compile(r"^Module\.(?:(.*)\.)?([^.]+)\.(forward|backward|parameters_grad)(?:\.(\d+))?$")
 _API_RE = re.compile(r"^([A-Za-z0-9_]+)\.(.+)\.(\d+)\.(forward|backward)$")
 _PREFIX_NS = {
     "Functional": "torch.nn.functional",
@@ -163,9 +164,12 @@ def read_msprobe_stacks(unit_dir: Path) -> tuple[dict[int, list[str]], dict[str,
     return stacks, by_name
 
 
-def _read_construct(unit_dir: Path, warnings: list[str], rel: str, needed: bool = True) -> dict[str, Any]:
+def _read_construct(unit_dir: Path, warnings: list[str], rel: str, needed: bool = True,
+                    mixed: bool = False) -> dict[str, Any]:
     """construct.json (API record -> parent module record). ``needed``: dump.json holds API
-    records, whose module path is lost without it (reported as damage)."""
+    records, whose module path is lost without it (reported as damage). ``mixed``: it also holds
+    module records (level mix), so an empty construct.json lost the structure (only level L1, API
+    records alone, leaves it empty)."""
     path = unit_dir / "construct.json"
     why = None
     obj: Any = {}
@@ -178,6 +182,8 @@ def _read_construct(unit_dir: Path, warnings: list[str], rel: str, needed: bool 
                 why, obj = f"holds {type(obj).__name__}, not an object", {}
         except (OSError, ValueError, RecursionError) as exc:
             why = f"is unreadable ({type(exc).__name__})"
+    if not why and not obj and mixed:
+        why = "is empty although dump.json holds module and API records (level mix)"
     if why and needed:
         warnings.append(Damage(f"{rel}/construct.json {why}: API records get no module path and may pair "
                                f"with the wrong calls - copy the whole msprobe dump directory"))
@@ -195,18 +201,126 @@ def _stat(v: Any) -> float:
         return math.nan
 
 
-def _flatten(item: Any, prefix: str, out: list[tuple[str, Any]]) -> None:
-    """Flatten nested lists/dicts of msprobe tensor descriptions into (arg path, leaf) pairs."""
-    if isinstance(item, dict) and ("type" in item or "dtype" in item or "Max" in item):
+def _is_leaf(item: Any) -> bool:
+    """A tensor or value description (as opposed to a dict of named arguments)."""
+    return isinstance(item, dict) and ("type" in item or "dtype" in item or "Max" in item)
+
+
+def _stat_ok(v: Any) -> bool:
+    return v is None or (type(v) in (int, float)) or (type(v) is str and v in _NONFINITE)
+
+
+def _safe_name(v: Any) -> bool:
+    return type(v) is str and bool(v) and "/" not in v and "\\" not in v and "\x00" not in v and v not in (".", "..")
+
+
+def leaf_problem(t: Any) -> str | None:
+    """What is wrong with one leaf of an entry (None when it is valid). A leaf is ``null`` (an
+    argument that was None), a tensor description (``dtype``, ``shape``, ``Max``/``Min``/``Mean``/
+    ``Norm``, ``requires_grad``, ``md5``, ``data_name``) or a value description (``type`` and
+    ``value``); msprobe never writes a bare number, string or list where a description belongs."""
+    if t is None:
+        return None
+    if not isinstance(t, dict):
+        return f"is {_what(t)}, not a tensor or value description"
+    typ = t.get("type", "")
+    if type(typ) is not str:
+        return f"'type' is {_what(typ)}, not a type name"
+    if not ("Tensor" in typ or ("dtype" in t and "shape" in t)):
+        return None  # a value description: any JSON value
+    dtype, shape = t.get("dtype"), t.get("shape")
+    if type(dtype) is not str or not dtype_ok(dtype):
+        return f"is a tensor whose 'dtype' is {_what(dtype)}, not a dtype name"
+    if type(shape) is not list or not all(type(x) is int and x >= 0 for x in shape):
+        return f"is a tensor whose 'shape' is {_shown(shape)}, not a list of sizes"
+    boolean = dtype.replace("torch.", "") == "bool"
+    for k in ("Max", "Min", "Mean", "Norm"):
+        v = t.get(k)
+        if not (_stat_ok(v) or (boolean and type(v) is bool)):
+            return f"'{k}' is {_what(v)}, not a number"
+    missing = [k for k in ("Max", "Min", "Mean", "Norm") if t.get(k) is None]
+    if 0 < len(missing) < 4 and not boolean and math.prod(shape) > 0:
+        # msprobe computes all four of a non-empty numeric tensor (a bool tensor has no Mean/Norm)
+        return f"is a tensor with {', '.join(missing)} null but other statistics given"
+    if t.get("requires_grad") is not None and type(t["requires_grad"]) is not bool:
+        return f"'requires_grad' is {_what(t['requires_grad'])}, not true or false"
+    if t.get("md5") is not None and type(t["md5"]) is not str:
+        return f"'md5' is {_what(t['md5'])}, not a checksum"
+    if t.get("data_name") is not None and not _safe_name(t["data_name"]):
+        return f"'data_name' is {_shown(t['data_name'])}, not a file name in dump_tensor_data"
+    return None
+
+
+def _parent_ok(parent: Any) -> bool:
+    """A construct.json value: null (a call outside every module), a Module record name, or the
+    optimizer."""
+    return parent is None or (type(parent) is str and (parent.startswith("optimizer")
+                                                        or _MODULE_RE.match(parent) is not None))
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _what(v: Any) -> str:
+    """'null', or the kind and value of ``v`` (for messages)."""
+    return "null" if v is None else f"{_kind(v)} ({_shown(v)})"
+
+
+def _shown(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+#: the containers of an entry's arguments: key -> (allowed types, shown as)
+_CONTAINERS = {"input_args": ((list,), "a list"), "input_kwargs": ((dict,), "an object"),
+               "input": ((list, dict, type(None)), "a list"), "output": ((list, dict, type(None)), "a list"),
+               "parameters": ((dict,), "an object")}
+
+
+_FORWARD_KEYS = ("input_args", "input_kwargs", "output")
+
+
+def entry_problem(entry: dict[str, Any], param_grad: bool) -> str | None:
+    """The first wrong value in one dump.json entry (None when it is valid)."""
+    if param_grad:
+        groups = list(entry.items())
+    else:
+        unknown = [k for k in entry if k not in _CONTAINERS]
+        expected = ("input", "output") if "input_args" not in entry and "input" in entry else _FORWARD_KEYS
+        absent = [k for k in expected if k not in entry]
+        if unknown and absent:  # a renamed key (a flipped byte): those arguments would vanish unseen
+            return f"has {_shown(unknown[0])} but no '{absent[0]}'"
+        groups = []
+        for key, (types, shown) in _CONTAINERS.items():
+            if key in entry:
+                if not isinstance(entry[key], types):
+                    return f"'{key}' is {_what(entry[key])}, not {shown}"
+                groups.append((key, entry[key]))
+    for key, payload in groups:
+        leaves: list[tuple[str, Any]] = []
+        _flatten(payload, "", leaves, raw=True)
+        for arg, t in leaves:
+            why = leaf_problem(t)
+            if why:
+                return f"{key}{'.' + arg if arg else ''} {why}"
+    return None
+
+
+def _flatten(item: Any, prefix: str, out: list[tuple[str, Any]], raw: bool = False) -> None:
+    """Flatten nested lists/dicts of msprobe tensor descriptions into (arg path, leaf) pairs
+    (``raw``: leaves as they are, for :func:`leaf_problem`; else anything but a description is None)."""
+    if _is_leaf(item):
         out.append((prefix, item))
     elif isinstance(item, (list, tuple)):
         for i, x in enumerate(item):
-            _flatten(x, f"{prefix}.{i}" if prefix else str(i), out)
+            _flatten(x, f"{prefix}.{i}" if prefix else str(i), out, raw)
     elif isinstance(item, dict):
         for k, x in item.items():
-            _flatten(x, f"{prefix}.{k}" if prefix else str(k), out)
+            _flatten(x, f"{prefix}.{k}" if prefix else str(k), out, raw)
     else:
-        out.append((prefix, None))
+        out.append((prefix, item if raw else None))
 
 
 def read_msprobe_unit(u: DumpUnit, warnings: list[str]) -> Any:
@@ -217,7 +331,9 @@ def read_msprobe_unit(u: DumpUnit, warnings: list[str]) -> Any:
     _, data = read_dump_json(u.path / "dump.json", rel, warnings)
     if not data:
         return empty_frame()
-    construct = _read_construct(u.path, warnings, rel, needed=any(not str(n).startswith("Module.") for n in data))
+    has_module = any(str(n).startswith("Module.") for n in data)
+    construct = _read_construct(u.path, warnings, rel, needed=not all(str(n).startswith("Module.") for n in data),
+                                mixed=has_module)
     _, stack_of = read_msprobe_stacks(u.path)
     tensor_dir = u.path / "dump_tensor_data"
     names = list(data)
@@ -229,11 +345,24 @@ def read_msprobe_unit(u: DumpUnit, warnings: list[str]) -> Any:
         warnings.append(Damage(f"{rel}/dump.json: {len(not_objects)} entr(y/ies) are not objects and were skipped "
                                f"({', '.join(map(str, not_objects[:3]))}{' ...' if len(not_objects) > 3 else ''}); "
                                f"the file was altered or damaged - re-run the dump"))
+    bad: list[str] = []
     for i, name in enumerate(names):
         entry = data[name]
         if not isinstance(entry, dict):
             continue
         info = parse_name(name)
+        why = entry_problem(entry, info["param_grad"])
+        if why is None and not (_MODULE_RE.match(name) or _API_RE.match(name)):
+            why = "the name is no msprobe record name (Module.<path>.<Class>.forward.<n> or <Api>.<name>.<n>.forward)"
+        parent = construct.get(name)
+        if why is None and not _parent_ok(parent):
+            why = f"its parent in construct.json is {_what(parent)}, not a module record name"
+        elif why is None and isinstance(parent, str) and parent not in construct and parent not in data \
+                and not parent.startswith("optimizer"):
+            why = f"its parent in construct.json, {_shown(parent)}, is no node of construct.json or dump.json"
+        if why:
+            bad.append(f"{name}: {why}")
+            continue
         phase = info["phase"]
         module, module_class = info["module"], info["module_class"]
         if module is None:
@@ -292,6 +421,22 @@ def read_msprobe_unit(u: DumpUnit, warnings: list[str]) -> Any:
                     mx, mn, _stat(t.get("Mean")), _stat(t.get("Norm")), nan, math.nan,
                     str(md5) if md5 is not None else None, None, file, None, None, ref,
                 ))
+    fwd_api = [n for n in names if isinstance(data[n], dict) and not str(n).startswith("Module.")
+               and str(n).endswith(".forward")]
+    orphans = [n for n in fwd_api if n not in construct]
+    if construct and orphans:
+        # msprobe records every forward call in construct.json (mix level) or none (api level)
+        warnings.append(Damage(
+            f"{rel}/construct.json names no parent for {len(orphans)} API record(s) of dump.json "
+            f"({', '.join(map(str, orphans[:3]))}{' ...' if len(orphans) > 3 else ''}): they get no module path and "
+            f"may pair with the wrong calls; the file was altered or damaged - copy the whole msprobe dump directory"
+        ))
+    if bad:
+        warnings.append(Damage(
+            f"{rel}/dump.json: {len(bad)} entr{'y' if len(bad) == 1 else 'ies'} with wrong values skipped "
+            f"({'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); read {len(names) - len(not_objects) - len(bad)} "
+            f"entries - the file was altered or damaged; re-run the dump, or compare the rest with --allow-partial"
+        ))
     if missing_files:
         warnings.append(Damage(
             f"{rel}: {missing_files} tensor file(s) named in dump.json are missing from dump_tensor_data; "

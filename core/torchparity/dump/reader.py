@@ -23,6 +23,7 @@ from ..errors import DumpError
 from .columns import (  # noqa: F401 - re-exported: the reader's public names
     COLUMNS, COMPARE_COLUMNS, RECORD_COLUMNS, STAT_COLUMNS, TENSOR_COLUMNS, RecordColumns, empty_frame,
 )
+from .footer import kind_of as _kind, one_line as _one_line, read_footer  # noqa: F401
 from .tensors import PtRef, TensorLoader, TensorRef  # noqa: F401 - re-exported
 
 log = logging.getLogger("torchparity")
@@ -448,54 +449,8 @@ def read_torchparity_unit(u: DumpUnit, warnings: list[str], compact: bool = Fals
 
 def footer_problems(rank_dir: Path, rel: str, n_records: int) -> list[str]:
     """What ``footer.json`` says about a rank directory whose records.jsonl held ``n_records``
-    records: missing (the run stopped early), damaged, a writer error, a count mismatch, or a
-    tensor budget exhausted. Lost data is reported as :class:`Damage`."""
-    path = rank_dir / "footer.json"
-    out: list[str] = []
-    if not path.is_file():
-        return [Damage(
-            f"{rel}: no footer.json, the dump was not closed cleanly (process killed or crashed); "
-            f"read {n_records} records, anything after the last flush is lost"
-        )]
-    errs: list[str] = []
-    footer = _read_json_file(path, errs, what=f"{rel}/footer.json")
-    if errs or not isinstance(footer, dict):
-        why = errs[0] if errs else f"{rel}/footer.json holds {_kind(footer)}, not an object"
-        return [Damage(f"{why}; footer.json is damaged, so whether the dump was complete is unknown "
-                       f"(read {n_records} records) - re-run the dump")]
-    error = footer.get("error")
-    if error:
-        out.append(Damage(
-            f"{rel}: the dump writer stopped with an error: {_one_line(error)}; the {n_records} records "
-            f"written before it were read, the rest of the run is not in the dump"
-        ))
-    expected = footer.get("records")
-    if "records" in footer and (type(expected) is not int or expected < 0):
-        out.append(Damage(f"{rel}/footer.json: 'records' is {_kind(expected)} ({expected!r:.40}), not a count; "
-                          f"footer.json is damaged - re-run the dump"))
-    elif type(expected) is int and expected != n_records:
-        out.append(Damage(f"{rel}: footer.json says {expected} records but {n_records} were read; the file was altered or damaged"))
-    complete = footer.get("complete", True)
-    if complete is not True and not error:
-        out.append(Damage(f"{rel}/footer.json: 'complete' is {complete!r:.40}, not true: the dump was not "
-                          f"closed cleanly or footer.json is damaged; read {n_records} records"))
-    dropped = footer.get("dropped_tensors")
-    if footer.get("budget_exhausted") or dropped:
-        out.append(
-            f"{rel}: the tensor budget was exhausted, {dropped if type(dropped) is int else '?'} tensors were "
-            f"not saved (their rows have statistics only); raise the budget to save them"
-        )
-    return out
-
-
-def _kind(v: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
-
-
-def _one_line(v: Any, limit: int = 300) -> str:
-    s = " ".join(str(v).split())
-    return s if len(s) <= limit else s[:limit - 3] + "..."
+    records (see :func:`torchparity.dump.footer.read_footer`); lost data is :class:`Damage`."""
+    return read_footer(rank_dir, rel, n_records).problems
 
 
 def records_to_frame(records: list[dict[str, Any]], base: Path, step: int, rank: int,
