@@ -36,18 +36,18 @@ PASSING = [
     ("llama-sdpa", "naninf-dispatch"),
     ("gpt2", "fault-bwd-mm-x2-extra-op"),
     ("bert", "fault-fwd-mm-x1.05-fp16"),
+    # failing when the zoo landed, fixed by the issue-14 capture and NaN-tracker work:
+    ("llama-eager", "naninf-clean"),
+    ("llama-sdpa", "naninf-hook-mul"),
+    ("qwen2-moe", "dump-aten"),
+    ("lstm", "online-bf16"),
 ]
 
 KNOWN_FAILING = {
-    ("llama-eager", "naninf-clean"): "the tracker screens tensors by their sum: the causal mask's finfo.min "
-                                     "values overflow it to -inf ('produced Inf from finite inputs')",
-    ("llama-sdpa", "naninf-hook-mul"): "a forward hook returning out * nan: NaN loss and no finding at all",
     ("llama-eager", "bf16-vs-fp32-aten"): "a clean bf16 run vs fp32: the root cause is a cast "
                                           "(_to_copy backward in an RMSNorm), the matcher pairs the wrong calls",
     ("gpt2", "fault-fwd-mm-x1.05"): "a x1.05 fault in a bf16 matmul is not found: the clean run's optimizer "
                                     "addcdiv_ is blamed first",
-    ("qwen2-moe", "dump-aten"): "two identical runs 'diverge' at aten.empty_like (uninitialised memory compared)",
-    ("lstm", "online-bf16"): "mkldnn_rnn_layer's uninitialised workspace is compared ('shape differs')",
 }
 
 
