@@ -34,15 +34,20 @@ def block_signs(name: str, numel: int, k: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 2, (nb,), generator=g, dtype=torch.int64).to(torch.float32).mul_(2).sub_(1)
 
 
-@torch.no_grad()
-def summarize(grad: torch.Tensor, signs: torch.Tensor, k: int) -> torch.Tensor:
-    """``len(STATS) + k`` numbers for one gradient, on its device (no host synchronisation)."""
+def _flat(grad: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
+    """The gradient as one dense 1-D tensor in its working dtype (float64 stays, else float32)."""
     g = grad.detach()
     if g.is_sparse:
         g = g.to_dense()
     g = g.reshape(-1)
     work = torch.float64 if g.dtype == torch.float64 else torch.float32
-    g = g.to(work)
+    return g.to(work), work
+
+
+@torch.no_grad()
+def summarize(grad: torch.Tensor, signs: torch.Tensor, k: int) -> torch.Tensor:
+    """``len(STATS) + k`` numbers for one gradient, on its device (no host synchronisation)."""
+    g, work = _flat(grad)
     n = g.numel()
     if n == 0:
         return torch.zeros(len(STATS) + k, dtype=work, device=g.device)
@@ -100,12 +105,7 @@ def interval_names(bounds: list[float]) -> list[str]:
 def distribution(grad: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     """Fraction of the elements in each interval ``(-inf, b0], (b0, b1], ..., (bn, inf)``
     (``len(bounds) + 1`` numbers, on the gradient's device; NaN elements are in none)."""
-    g = grad.detach()
-    if g.is_sparse:
-        g = g.to_dense()
-    g = g.reshape(-1)
-    work = torch.float64 if g.dtype == torch.float64 else torch.float32
-    g = g.to(work)
+    g, work = _flat(grad)
     nb = bounds.numel() + 1
     if g.numel() == 0:
         return torch.zeros(nb, dtype=work, device=g.device)
