@@ -276,8 +276,8 @@ def test_a_rank_dying_mid_step_leaves_both_ranks_readable(tmp_path: Path) -> Non
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(out), str(init)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     errs = [p.communicate(timeout=120)[1] for p in procs]
-    assert procs[1].returncode == 7
-    assert procs[0].returncode != 0  # the peer's death reaches rank 0 as an error
+    assert procs[1].returncode == 7, errs[1][-2000:]
+    assert procs[0].returncode != 0, errs[0][-2000:]  # the peer's death reaches rank 0 as an error
     assert "torchparity: the run stopped at step 1 with RuntimeError" in errs[0]
 
     reader = open_dump(out)
