@@ -11,6 +11,13 @@ Stages, in order (each sees only what earlier stages left unmatched):
 4. ``align``: what is left, across modules (renamed modules), by op and shapes: an LCS-like
    alignment (:class:`difflib.SequenceMatcher`) for small leftovers, per-key order otherwise.
 
+Then ``forward``: a backward record that names its forward record (``fwd``) is the backward of
+that forward call, whatever order autograd ran it in. When the two forward records are paired,
+their backward records (same op, in order) are paired with each other, replacing what the
+counters paired. A bf16 run's casts (RMSNorm's ``.to(float32)`` and back) are real autograd nodes,
+an fp32 run's are no-ops whose backward records come at another time: the per-op backward
+counters drift, the forward counters do not.
+
 A layer mapping (``{device_name: bench_name}``, e.g. ``linear_qkv: query_key_value``) renames
 device module path components (or whole path prefixes) before matching. Nothing here raises on
 length mismatches: whatever cannot be paired is returned as unmatched.
@@ -19,6 +26,7 @@ length mismatches: whatever cannot be paired is returned as unmatched.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,6 +35,15 @@ import numpy as np
 from ..errors import UsageError
 
 REC_KEYS = ["phase", "mkey", "op"]
+#: dtype casts (aten, torch API and prims names): a cast to the dtype a tensor already has is a
+#: no-op (an alias, or not dispatched at all), so a bf16 run has casts that an fp32 run lacks
+CAST_OPS = re.compile(r"(^|\.)(_to_copy|to|float|half|bfloat16|double|type|type_as|_autocast_to_reduced_precision"
+                      r"|_autocast_to_full_precision|convert_element_type)(\.[A-Za-z_]+)?$")
+
+
+def is_cast(op: Any) -> bool:
+    """Whether ``op`` (a record's op name) is a dtype cast."""
+    return isinstance(op, str) and bool(CAST_OPS.search(op.replace("torch.Tensor.", "")))
 
 
 def load_layer_mapping(mapping: str | Path | Mapping[str, str] | None) -> dict[str, str]:
@@ -109,7 +126,8 @@ def record_table(rows: Any, mapping: Mapping[str, str] | None = None) -> Any:
     """One line per record: record_id, phase, module, mkey (mapped module), op, call_index, sig."""
     import pandas as pd
 
-    rec = rows.drop_duplicates("record_id")[["record_id", "name", "phase", "module", "op", "call_index", "level"]].copy()
+    cols = ["record_id", "name", "phase", "module", "op", "call_index", "level"] + (["fwd"] if "fwd" in rows else [])
+    rec = rows.drop_duplicates("record_id")[cols].copy()
     mods = text_column(rec["module"])
     if mapping:
         uniq = {m: map_module(m, mapping) for m in mods.unique()}
@@ -224,6 +242,7 @@ def match_records(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | N
             pairs.append(pd.DataFrame(extra, columns=["dev_rid", "bench_rid", "match"]))
     matched = pd.concat(pairs, ignore_index=True) if pairs else pd.DataFrame(
         {"dev_rid": pd.Series(dtype="int64"), "bench_rid": pd.Series(dtype="int64"), "match": pd.Series(dtype=object)})
+    matched = _pair_backward_by_forward(d, b, matched, _identity_casts(dev_rows, d), _identity_casts(bench_rows, b))
     md = set(matched["dev_rid"].tolist())
     mb = set(matched["bench_rid"].tolist())
     ud = d.loc[~d["record_id"].isin(md), "record_id"].to_numpy()
@@ -234,6 +253,77 @@ def match_records(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | N
     out["dev_rid"] = out["dev_rid"].astype("int64")
     out["bench_rid"] = out["bench_rid"].astype("int64")
     return out
+
+
+def _fwd_ids(rec: Any) -> np.ndarray:
+    """The ``fwd`` column as int64 (-1: none)."""
+    if "fwd" not in rec:
+        return np.full(len(rec), -1, dtype=np.int64)
+    import pandas as pd
+
+    return pd.to_numeric(rec["fwd"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
+
+
+def _identity_casts(rows: Any, rec: Any) -> set[int]:
+    """Record ids of casts whose output has the dtype of their input (no-op casts)."""
+    cand = rec.loc[rec["op"].map(is_cast) & (rec["phase"] != "backward"), "record_id"]
+    if not len(cand):
+        return set()
+    sub = rows[rows["record_id"].isin(cand) & (rows["arg"].astype(str) == "0") & (rows["kind"] == "tensor")]
+    dt = sub.pivot_table(index="record_id", columns="io", values="dtype", aggfunc="first")
+    if "input" not in dt or "output" not in dt:
+        return set()
+    return set(dt.index[(dt["input"] == dt["output"]).to_numpy(dtype=bool)].tolist())
+
+
+def _pair_backward_by_forward(d: Any, b: Any, matched: Any, same_d: set[int] = frozenset(),
+                              same_b: set[int] = frozenset()) -> Any:
+    """Re-pair backward records through their forward records (see the module docstring).
+
+    For each pair of forward records, the device's backward records of that forward call and the
+    bench's are paired by op, in order, where both sides have the same number of them. Pairs found
+    earlier for these records are dropped; a record they had been paired with becomes unmatched
+    (or is paired here in turn).
+
+    A cast that is a no-op on one side only (``same_d``/``same_b``: output dtype = input dtype)
+    has a backward that measures another quantity there (the gradient of the aliased input, all
+    its uses summed): the backward records of such a forward pair stay unmatched on both sides."""
+    import pandas as pd
+
+    fd, fb = _fwd_ids(d), _fwd_ids(b)
+    if not (fd >= 0).any() or not (fb >= 0).any() or not len(matched):
+        return matched
+    fmap = dict(zip(matched["dev_rid"].tolist(), matched["bench_rid"].tolist()))
+    groups_b: dict[tuple[int, Any], list[int]] = {}
+    for rid, f, op in zip(b["record_id"].tolist(), fb.tolist(), b["op"].tolist()):
+        if f >= 0:
+            groups_b.setdefault((f, op), []).append(rid)
+    groups_d: dict[tuple[int, Any], list[int]] = {}
+    for rid, f, op in zip(d["record_id"].tolist(), fd.tolist(), d["op"].tolist()):
+        if f >= 0 and fmap.get(f, -1) >= 0:
+            groups_d.setdefault((fmap[f], op), []).append(rid)
+    fwd_of_d = dict(zip(d["record_id"].tolist(), fd.tolist()))
+    fwd_of_b = dict(zip(b["record_id"].tolist(), fb.tolist()))
+    new, cut = [], []
+    for k, ids in groups_d.items():
+        if len(ids) != len(groups_b.get(k, ())):
+            continue
+        for x, y in zip(ids, groups_b[k]):
+            if (fwd_of_d[x] in same_d) != (fwd_of_b[y] in same_b):
+                cut.append((x, y))
+            else:
+                new.append((x, y))
+    if not new and not cut:
+        return matched
+    nd = {x for x, _ in new + cut}
+    nb = {y for _, y in new + cut}
+    old = dict(zip(matched["dev_rid"].tolist(), matched["bench_rid"].tolist()))
+    if not cut and all(old.get(x) == y for x, y in new):
+        return matched
+    keep = matched[~matched["dev_rid"].isin(nd) & ~matched["bench_rid"].isin(nb)]
+    changed = pd.DataFrame([(x, y, "exact" if old.get(x) == y else "forward") for x, y in new],
+                           columns=["dev_rid", "bench_rid", "match"])
+    return pd.concat([keep, changed], ignore_index=True)
 
 
 def _joint_key(d: Any, b: Any, cols: list[str]) -> tuple[Any, Any]:

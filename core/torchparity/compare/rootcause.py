@@ -194,6 +194,14 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         md5_rule = (o.reindex(rec_ids).fillna(False).to_numpy(dtype=bool)
                     & i_ok.reindex(rec_ids).fillna(True).to_numpy(dtype=bool))
         score = np.where(md5_rule, np.fmax(np.nan_to_num(score, posinf=np.inf, neginf=-np.inf), threshold), score)
+    # a cast on the device side only (a bf16 run's casts are no-ops in fp32) is rounding to its
+    # target dtype, which cannot amplify an error: never scored. What its consumers see is judged
+    # at the consumers (their paired inputs may be other partial sums: autograd accumulates a
+    # gradient in another order when a cast node sits between the uses of a tensor).
+    from .matching import is_cast
+
+    lone_cast = (recs["match"].to_numpy() == "unmatched") & recs["op"].map(is_cast).to_numpy(dtype=bool)
+    score = np.where(lone_cast & ~np.isinf(o_err), np.nan, score)
     order = recs["order"].to_numpy()
     sus = np.nan_to_num(score, nan=0.0, posinf=np.inf, neginf=-np.inf) >= threshold
 
@@ -233,7 +241,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         prev_max = np.concatenate([[0.0], run_max[:-1]])
         prev_at = np.empty(len(rec_ids))
         prev_at[o_sorted_idx] = prev_max
-        unmatched_orders = np.sort(order[~matched_rec])
+        unmatched_orders = np.sort(order[~matched_rec & ~lone_cast])
         seen: set[int] = set()
         # per record (first-appearance order): largest error, its row, the floor; only the
         # records that pass the test are visited in Python
