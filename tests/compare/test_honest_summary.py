@@ -171,3 +171,19 @@ def test_tensors_neither_dump_measured_are_not_missing_data(tmp_path) -> None:
     assert res.complete and res.summary["n_not_compared"] == 0
     rows = res.rows[res.rows["op"].astype(object).str.contains("empty_like", na=False) & (res.rows["io"] == "output")]
     assert len(rows) == 1 and rows["verdict"].iat[0] != "pass"  # described, never judged as agreeing
+
+
+def test_reports_of_an_incomplete_comparison_never_say_no_divergence(synth, tmp_path) -> None:
+    """The log and advisor reports say INCOMPLETE, as the CLI's exit 2 does, when part of the dumps
+    could not be compared (before: 'no divergence' beside the CLI's error line)."""
+    dst = tmp_path / "cut"
+    shutil.copytree(synth["bench"], dst)
+    rank = dst / "step0" / "rank0"
+    data = (rank / "records.jsonl").read_bytes()
+    (rank / "records.jsonl").write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 1])
+    (rank / "footer.json").unlink()
+    code, text = run_cli(["compare", str(dst), str(synth["bench"]), "--allow-partial", "-o", str(tmp_path / "out")])
+    assert code == 2, text
+    assert "INCOMPLETE" in text and "no divergence\n" not in text, text
+    advice = (tmp_path / "out" / "advisor.txt").read_text()
+    assert "INCOMPLETE" in advice and "No divergence:" not in advice, advice

@@ -446,6 +446,11 @@ def advise(result: CompareResult, *, top_suspects: int = 5, max_errors: int = 10
     elif n_rows == 0 or (n_pass == 0 and n_rows > 0):
         d.p(f"NOTHING COMPARED: no tensor pair was judged ({counts}). This is not a clean result: check "
             "that both dumps cover the same steps, ranks and ops (level, mode).")
+    elif not summary.get("complete", True):
+        d.p(f"INCOMPLETE: no divergence among the tensors that were compared, but "
+            f"{int(summary.get('n_not_compared') or 0)} paired tensor(s) could not be compared and "
+            f"{int(summary.get('n_damaged') or 0)} damaged part(s) of the dumps were skipped. The runs are "
+            f"not known to agree: see the warnings, and re-dump the damaged side. {counts}.")
     else:
         if n_unm:
             d.p(f"No divergence among the compared tensors: all {n_pass} judged rows agree within tolerance. "

@@ -207,6 +207,8 @@ class LogReporter(Reporter):
             headline, style = f"{n['warning']} warnings, no errors", "yellow"
         elif n_rows == 0 or n["pass"] == 0:
             headline, style = "NOTHING COMPARED", "bold yellow"
+        elif not summary.get("complete", True):  # not compared / damaged parts: never "no divergence"
+            headline, style = "INCOMPLETE: no divergence among what was compared", "bold yellow"
         else:
             headline, style = "no divergence", "bold green"
 
