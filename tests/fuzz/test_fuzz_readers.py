@@ -323,6 +323,8 @@ def check_dump_case(clean: Path, mutated: Path, mutation: Mutation, out_dir: Pat
         outcome = "refused"
     elif res.diverged:
         outcome = "divergence"
+    elif res.summary.get("n_not_compared", 0):
+        outcome = "not-compared"  # rows shown as "not compared" (the summary is incomplete): no pass
     elif res.summary.get("n_warning", 0) > clean_warnings(clean):
         outcome = "warning"  # shown as a warning row, not counted as a pass (the compare's judgement)
     else:

@@ -4,7 +4,8 @@
   a list, a number or an object (a damaged dump) is turned into text so that matching cannot
   crash on it, and reported as damage (the caller refuses the dump unless ``allow_partial``).
 * :func:`not_compared`: paired tensor rows whose numbers are missing (no error estimate, or a
-  statistic missing on one side that NaN/Inf counts do not explain). Their ``pass``/``skip``
+  statistic missing on one side that NaN/Inf counts do not explain, or a tensor on one side and
+  None or a plain value on the other). Their ``pass``/``skip``
   verdict becomes ``skip`` with a reason starting ``not compared:``; the summary counts them and
   the CLI never exits 0 ("the runs agree") while any exist.
 * :func:`accepted_by_checkers`: a suspect whose output a checker plugin passes (a per-op tolerance
@@ -76,6 +77,15 @@ def not_compared(rows: Any) -> tuple[np.ndarray, np.ndarray]:
     unmeasured = _measured_on_neither_side(rows)  # by design: uninitialised memory, overwritten destinations
     no_error = paired & np.isnan(err) & ~empty & ~unmeasured
     reason[no_error] = NOT_COMPARED + "no statistics to compare on at least one side"
+    # a tensor on one side, none (an argument that was None) or a plain value on the other: the
+    # combined ``kind`` is the device's, so such a row is no tensor row above, and yet it differs
+    d_t = _is_shape(rows["device_shape"].tolist())
+    b_t = _is_shape(rows["bench_shape"].tolist())
+    one_sided = (rows["match"].to_numpy() != "unmatched") & (d_t != b_t) & ~no_error
+    for side, has in (("device", d_t), ("bench", b_t)):
+        other = "bench" if side == "device" else "device"
+        reason[one_sided & has] = NOT_COMPARED + f"the {side} argument is a tensor, the {other} one is not (None or a value)"
+    no_error |= one_sided
     full = rows["rel_l2"].to_numpy(dtype="float64") if "rel_l2" in rows.columns else np.full(n, np.nan)
     partial = np.zeros(n, dtype=bool)
     for side, other in (("device", "bench"), ("bench", "device")):
@@ -89,6 +99,11 @@ def not_compared(rows: Any) -> tuple[np.ndarray, np.ndarray]:
             reason[hit] = NOT_COMPARED + f"the {side} dump's '{s}' statistic is missing or not a number"
             partial |= hit
     return no_error | partial, reason
+
+
+def _is_shape(shapes: list[Any]) -> np.ndarray:
+    """Per value: a tensor's shape (a tuple or list), as opposed to None/NaN (no tensor)."""
+    return np.fromiter((isinstance(s, (tuple, list)) for s in shapes), dtype=bool, count=len(shapes))
 
 
 def _measured_on_neither_side(rows: Any) -> np.ndarray:

@@ -9,7 +9,9 @@ Stages, in order (each sees only what earlier stages left unmatched):
 3. ``shape``: same phase and module, a different op with the same shapes (a fused op on one
    side: ``addmm`` vs ``mm`` + ``add``), order-preserving;
 4. ``align``: what is left, across modules (renamed modules), by op and shapes: an LCS-like
-   alignment (:class:`difflib.SequenceMatcher`) for small leftovers, per-key order otherwise.
+   alignment (:class:`difflib.SequenceMatcher`) for small leftovers, per-key order otherwise. Two
+   records of different module paths pair only when each path is absent from the other side (a
+   rename); a record moved into a module both sides have stays unmatched.
 
 Then ``forward``: a backward record that names its forward record (``fwd``) is the backward of
 that forward call, whatever order autograd ran it in. When the two forward records are paired,
@@ -204,6 +206,8 @@ def match_records(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | N
         sig_d = _signatures(dev_rows, left_d["record_id"])
         sig_b = _signatures(bench_rows, left_b["record_id"])
         extra: list[tuple[int, int, str]] = []
+        dmod, bmod = dict(zip(d["record_id"].tolist(), d["mkey"].tolist())), dict(zip(b["record_id"].tolist(), b["mkey"].tolist()))
+        dmods, bmods = set(dmod.values()), set(bmod.values())
 
         def stage(keys: list[str], item: str, label: str) -> None:
             nonlocal left_d, left_b
@@ -227,7 +231,10 @@ def match_records(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | N
                 else:
                     a = [f"{o}|{sig_d.get(i, '')}" for o, i in zip(gd["op"], ida)]
                     bb = [f"{o}|{sig_b.get(i, '')}" for o, i in zip(gbk["op"], idb)]
-                new += [(ida[x], idb[y], label) for x, y in _align(a, bb)]
+                got = [(ida[x], idb[y], label) for x, y in _align(a, bb)]
+                if label == "align":  # across modules only where the paths look renamed (gone from the other side)
+                    got = [p for p in got if dmod[p[0]] == bmod[p[1]] or (dmod[p[0]] not in bmods and bmod[p[1]] not in dmods)]
+                new += got
             if new:
                 extra.extend(new)
                 nd = {x for x, _, _ in new}

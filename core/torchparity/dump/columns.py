@@ -22,6 +22,7 @@ from itertools import chain
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Sequence
 
+from ..records import LEVELS
 from .tensors import TensorRef
 
 RECORD_COLUMNS = [
@@ -43,6 +44,12 @@ COMPARE_COLUMNS = [
 STAT_COLUMNS = ("max", "min", "mean", "norm", "nan", "inf")
 IO_VALUES = frozenset({"input", "output", "param", "grad"})
 KIND_VALUES = frozenset({"tensor", "scalar", "none"})
+#: record levels our writers write (capture: module, api, aten; "mix" is a dump level, accepted too)
+LEVEL_VALUES = frozenset(LEVELS)
+#: an op name as the writers write it: an aten overload (``aten.gelu.default``), an API
+#: (``torch.nn.functional.linear``, ``Tensor.__add__``), a module class (``Linear``), a custom op
+#: (``mylib::op``); never spaces, control characters or punctuation such as ``?``
+_OP_RE = re.compile(r"^[^\W\d][\w.:<>-]*$")
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 _STAT_VALUES = operator.itemgetter(*STAT_COLUMNS)
@@ -313,8 +320,10 @@ class RecordColumns:
         if set(map(type, ids)) - {int} or min(ids, default=0) < 0:
             yield from _column_problems(ids, (int,), _nonneg_int, "id")
         yield from _column_problems(names, (str,), None, "name", distinct=False)
-        yield from _column_problems(ops, (str,), bool, "op")
-        yield from _column_problems(levels, (str,), bool, "level")
+        if "" in names:  # one C-level scan: an empty name identifies nothing
+            yield from ((i, "name is empty") for i, v in enumerate(names) if v == "")
+        yield from _column_problems(ops, (str,), lambda v: _OP_RE.match(v) is not None, "op")
+        yield from _column_problems(levels, (str,), LEVEL_VALUES.__contains__, "level")
         yield from _column_problems(phases, (str,), bool, "phase")
         yield from _column_problems(modules, (str,), None, "module")
         yield from _column_problems(cis, (int,), _nonneg_int, "call_index")

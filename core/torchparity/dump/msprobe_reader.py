@@ -106,9 +106,15 @@ def _partial_data(text: str, rel: str, warnings: list[str]) -> tuple[dict[str, A
 
 def read_dump_json(path: Path, rel: str, warnings: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        raw = path.read_bytes()
     except OSError as exc:
         raise DumpError(f"cannot read {path}: {exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:  # msprobe writes UTF-8: a byte that is not is damage, never read past
+        text = raw.decode("utf-8", errors="replace")
+        warnings.append(Damage(f"{rel}/dump.json holds bytes that are not UTF-8 (first at byte {exc.start}); the "
+                               f"file was altered or damaged - re-run the dump, or compare the rest with --allow-partial"))
     try:
         obj = json.loads(text)  # accepts msprobe's bare NaN/Infinity tokens
     except json.JSONDecodeError:

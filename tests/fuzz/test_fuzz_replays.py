@@ -1,0 +1,159 @@
+"""The last false passes of the 10,000-case fuzz run (bench/results/fuzz.md), replayed as unit tests.
+
+Each test applies the exact mutation of one seed to a small real dump and checks that the compare
+against the clean copy does not say "the runs agree": the record is refused as damage, shown as
+unmatched, or shown as not compared.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import torchparity
+from torchparity.dump.reader import damage, open_dump, read_unit
+
+RANK = Path("step0") / "rank0"
+
+
+def _real_dump(root: Path, mode: str) -> Path:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.GELU(), torch.nn.Linear(6, 2))
+    with torchparity.dump(str(root), level="aten", mode=mode, model=model, stack=True):
+        model(torch.randn(3, 4)).sum().backward()
+    return root
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("replay")
+    return {"statistics": _real_dump(d / "stats", "statistics"), "tensor": _real_dump(d / "tensor", "tensor")}
+
+
+def _edit_record(clean: Path, out: Path, line: int | str, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """Copy ``clean`` to ``out`` and edit one record of records.jsonl: by 1-based line, or by name."""
+    shutil.copytree(clean, out)
+    f = out / RANK / "records.jsonl"
+    lines = f.read_text().splitlines()
+    if isinstance(line, str):
+        line = next(k for k, x in enumerate(lines, 1) if json.loads(x)["name"] == line)
+    rec = json.loads(lines[line - 1])
+    edit(rec)
+    lines[line - 1] = json.dumps(rec)
+    f.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _reader_damage(dump: Path) -> list[str]:
+    warnings: list[str] = []
+    for u in open_dump(dump).units:
+        read_unit(u, warnings, compact=True)
+    return damage(warnings)
+
+
+def _not_agree(mutated: Path, clean: Path) -> str:
+    """How the compare refuses to call the mutated dump agreeing ("refused", "unmatched", ...)."""
+    if _reader_damage(mutated):
+        with pytest.raises(torchparity.errors.TorchparityError):
+            torchparity.compare(mutated, clean)
+        return "refused"
+    res = torchparity.compare(mutated, clean)
+    s = res.summary
+    if res.diverged:
+        return "divergence"
+    if s.get("n_unmatched_device", 0) + s.get("n_unmatched_bench", 0):
+        return "unmatched"
+    if s.get("n_not_compared", 0):
+        return "not-compared"
+    raise AssertionError(f"compare says the runs agree: {s}")
+
+
+@pytest.mark.parametrize("mode", ["statistics", "tensor"])
+def test_seed_2229_unknown_level_is_damage(dumps: dict[str, Path], tmp_path: Path, mode: str) -> None:
+    """``"level": "../x"``: no writer writes that level; the reader reports the record as damage."""
+    bad = _edit_record(dumps[mode], tmp_path / "m", 5, lambda r: r.update(level="../x"))
+    lost = _reader_damage(bad)
+    assert lost and "records.jsonl" in lost[0] and "level" in lost[0] and "line 5" in lost[0]
+    assert _not_agree(bad, dumps[mode]) == "refused"
+
+
+def test_seed_861_empty_name_is_damage(dumps: dict[str, Path], tmp_path: Path) -> None:
+    bad = _edit_record(dumps["statistics"], tmp_path / "m", 2, lambda r: r.update(name=""))
+    lost = _reader_damage(bad)
+    assert lost and "name is empty" in lost[0] and "line 2" in lost[0]
+
+
+@pytest.mark.parametrize("mode", ["statistics", "tensor"])
+def test_seed_2450_record_moved_to_another_existing_module_does_not_pair(dumps: dict[str, Path], tmp_path: Path,
+                                                                         mode: str) -> None:
+    """``"module": "1.5"`` on one record of module "2": the alignment stage paired it across modules
+    (as if "2" had been renamed "1.5", though "2" is still there) and the compare said "agree"."""
+    bad = _edit_record(dumps[mode], tmp_path / "m", "Aten.t.1.forward", lambda r: r.update(module="1.5"))
+    assert not _reader_damage(bad)  # a valid module path: only the matcher can tell
+    assert _not_agree(bad, dumps[mode]) == "unmatched"
+    res = torchparity.compare(bad, dumps[mode])
+    moved = res.rows[res.rows["match"] == "unmatched"]
+    assert set(moved["device_name"].dropna()) == {"Aten.t.1.forward"}
+
+
+def test_seed_1367_op_flipped_to_no_op_name_is_damage(dumps: dict[str, Path], tmp_path: Path) -> None:
+    """A flipped byte turned ``aten.gelu.default`` into ``aten.g?lu.default``; the 'shape' stage (fused
+    ops) paired it with the bench gelu. No writer writes such an op name: damage."""
+    bad = _edit_record(dumps["tensor"], tmp_path / "m", "Aten.gelu.0.forward", lambda r: r.update(op=r["op"].replace("gelu", "g?lu")))
+    lost = _reader_damage(bad)
+    assert lost and "op has a bad value" in lost[0]
+    assert _not_agree(bad, dumps["tensor"]) == "refused"
+
+
+def _msprobe(root: Path) -> Path:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("tp_fuzz_engine_r", Path(__file__).with_name("test_fuzz_readers.py"))
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["tp_fuzz_engine_r"] = mod
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod.make_msprobe_dump(root)
+
+
+@pytest.fixture(scope="module")
+def ms(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _msprobe(tmp_path_factory.mktemp("ms") / "ms")
+
+
+@pytest.mark.parametrize("entry", ["Functional.linear.0.forward", "Module.layers.0.mlp.MLP.forward.0"])
+def test_seeds_1715_1064_msprobe_null_argument_against_a_tensor_is_not_agreement(ms: Path, tmp_path: Path,
+                                                                                 entry: str) -> None:
+    bad = tmp_path / "ms"
+    shutil.copytree(ms, bad)
+    f = bad / RANK / "dump.json"
+    obj = json.loads(f.read_text())
+    obj["data"][entry]["input_args"][0] = None
+    f.write_text(json.dumps(obj, indent=1))
+    assert _not_agree(bad, ms) == "not-compared"
+    res = torchparity.compare(bad, ms)
+    row = res.rows[res.rows["reason"].astype(str).str.startswith("not compared")]
+    assert len(row) == 1 and "the bench argument is a tensor" in row["reason"].iat[0]
+    assert not res.summary["complete"]
+    # and the other way round (the tensor on the device side) is not agreement either
+    assert _not_agree(ms, bad) == "not-compared"
+
+
+def test_seed_304_msprobe_bytes_that_are_not_utf8_are_damage(ms: Path, tmp_path: Path) -> None:
+    """A flipped byte (0x74 ^ 0x81 = 0xf5) inside the key ``data_name`` was decoded as U+FFFD: the leaf
+    lost its tensor file unseen and was compared on statistics only."""
+    bad = tmp_path / "ms"
+    shutil.copytree(ms, bad)
+    f = bad / RANK / "dump.json"
+    raw = f.read_bytes()
+    i = raw.index(b'"data_name"') + 3
+    f.write_bytes(raw[:i] + bytes([raw[i] ^ 129]) + raw[i + 1:])
+    lost = _reader_damage(bad)
+    assert lost and "dump.json" in lost[0] and "not UTF-8" in lost[0]
+    assert _not_agree(bad, ms) == "refused"
