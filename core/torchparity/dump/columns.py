@@ -403,7 +403,7 @@ class RecordColumns:
         import numpy as np
         import pandas as pd
 
-        from .reader import Damage
+        from .damage import Damage
 
         columns = COLUMNS if self.full else COMPARE_COLUMNS
         bad = self.problems()

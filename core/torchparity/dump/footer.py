@@ -72,7 +72,7 @@ def _field_problem(footer: dict[str, Any]) -> str | None:
 def read_footer(rank_dir: Path, rel: str, n_records: int | None = None) -> FooterReport:
     """Interpret ``rank_dir/footer.json`` for a rank whose records.jsonl held ``n_records``
     (None: not counted; the footer's count is then not checked)."""
-    from .reader import Damage
+    from .damage import Damage
 
     path = rank_dir / "footer.json"
     if not path.is_file():

@@ -22,11 +22,15 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DumpError
-from .columns import dtype_ok
-from .reader import COLUMNS, Damage, DumpUnit, PtRef, empty_frame
+from .columns import COLUMNS, dtype_ok, empty_frame
+from .damage import Damage
+from .tensors import PtRef
+
+if TYPE_CHECKING:
+    from .reader import DumpUnit
 
 _MODULE_RE = re.compile(r"^Module\.(?:(.*)\.)?([^.]+)\.(forward|backward|parameters_grad)(?:\.(\d+))?$")
 _API_RE = re.compile(r"^([A-Za-z0-9_]+)\.(.+)\.(\d+)\.(forward|backward)$")

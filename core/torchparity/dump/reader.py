@@ -24,6 +24,7 @@ from .columns import (  # noqa: F401 - re-exported: the reader's public names
     COLUMNS, COMPARE_COLUMNS, RECORD_COLUMNS, STAT_COLUMNS, TENSOR_COLUMNS, RecordColumns, empty_frame,
 )
 from .footer import kind_of as _kind, one_line as _one_line, read_footer  # noqa: F401
+from .damage import Damage, damage  # noqa: F401 - re-exported
 from .tensors import PtRef, TensorLoader, TensorRef  # noqa: F401 - re-exported
 
 log = logging.getLogger("torchparity")
@@ -33,17 +34,6 @@ _RANK_RE = re.compile(r"^rank(\d+)$")
 _PROC_RE = re.compile(r"^proc(\d+)$")
 
 
-class Damage(str):
-    """A reader warning that means data was lost (truncated, corrupt or missing parts).
-
-    It is a plain ``str`` for everyone reading ``df.attrs["warnings"]``; :func:`damage` picks
-    these out so that ``torchparity compare`` can refuse a damaged dump unless told to compare
-    what was read (``--allow-partial``)."""
-
-
-def damage(warnings: Iterable[str]) -> list[str]:
-    """The warnings that report lost data."""
-    return [w for w in warnings if isinstance(w, Damage)]
 
 
 # ----------------------------------------------------------------------------------------------
