@@ -273,7 +273,11 @@ def _fwd_ids(rec: Any) -> np.ndarray:
 
 def _identity_casts(rows: Any, rec: Any) -> set[int]:
     """Record ids of casts whose output has the dtype of their input (no-op casts)."""
-    cand = rec.loc[rec["op"].map(is_cast) & (rec["phase"] != "backward"), "record_id"]
+    import pandas as pd
+
+    codes, uniq = pd.factorize(rec["op"].to_numpy(dtype=object))  # one regex per distinct op, not per record
+    casts = np.array([is_cast(u) for u in uniq] + [False], dtype=bool)[codes]
+    cand = rec.loc[casts & (rec["phase"] != "backward").to_numpy(), "record_id"]
     if not len(cand):
         return set()
     sub = rows[rows["record_id"].isin(cand) & (rows["arg"].astype(str) == "0") & (rows["kind"] == "tensor")]
