@@ -101,3 +101,12 @@ def workspace_inputs(func: Any) -> frozenset[str]:
         if a.name in WORKSPACE_ARGS:
             keys.update((str(i), a.name))
     return frozenset(keys)
+
+
+def storage_ptr(t: Any) -> int:
+    """The address of ``t``'s storage, or 0 for a tensor without one (subclasses, meta, functional
+    tensors): a key for "the same memory" that never raises."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0

@@ -15,14 +15,8 @@ from typing import Any
 import torch
 
 from .module_tracker import ModuleTracker
+from .ops import storage_ptr
 from .session import TensorMemo
-
-
-def _ptr(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return 0
 
 
 class OptimizerParamNames:
@@ -66,7 +60,7 @@ class OptimizerParamNames:
                 tensors = [p, p.grad] + [v for v in state.get(p, {}).values() if isinstance(v, torch.Tensor)]
                 for t in tensors:
                     if isinstance(t, torch.Tensor) and t.numel():
-                        ptr = _ptr(t)
+                        ptr = storage_ptr(t)
                         if ptr:
                             self._by_ptr.setdefault(ptr, name)
 
@@ -75,7 +69,7 @@ class OptimizerParamNames:
             return None
         name = self._derived.get(t)
         if name is None and self._by_ptr and t.numel():
-            name = self._by_ptr.get(_ptr(t))
+            name = self._by_ptr.get(storage_ptr(t))
         return name
 
     def flags(self, args: tuple, kwargs: dict, outputs: Any) -> dict[str, Any]:

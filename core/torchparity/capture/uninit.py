@@ -17,14 +17,9 @@ from typing import Any, Iterable
 
 import torch
 
+from .ops import storage_ptr
+
 _LIMIT = 100_000  # a program that keeps this many empty buffers unwritten is not one we can follow
-
-
-def _ptr(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError, TypeError):  # no storage (subclasses, meta, functional)
-        return 0
 
 
 class UninitStorages:
@@ -47,7 +42,7 @@ class UninitStorages:
             self._ptrs.clear()
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.numel():
-                p = _ptr(t)
+                p = storage_ptr(t)
                 if p:
                     self._ptrs.add(p)
 
@@ -57,11 +52,11 @@ class UninitStorages:
             return
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                self._ptrs.discard(_ptr(t))
+                self._ptrs.discard(storage_ptr(t))
 
     def holds(self, t: torch.Tensor) -> bool:
         """True if ``t`` lives on a storage that no op has written since an ``empty*`` made it."""
-        return bool(self._ptrs) and _ptr(t) in self._ptrs
+        return bool(self._ptrs) and storage_ptr(t) in self._ptrs
 
     def clear(self) -> None:
         self._ptrs.clear()
