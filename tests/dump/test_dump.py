@@ -283,23 +283,22 @@ GLOO_SCRIPT = textwrap.dedent(
             for p in lin.parameters():
                 dist.all_reduce(p.grad)
             opt.step(); opt.zero_grad()
+    dist.barrier()  # neither rank leaves while the other still talks to it
     dist.destroy_process_group()
     """
 )
 
 
 @pytest.mark.parametrize("level", ["aten", "api"])
-def test_two_process_gloo_writes_both_ranks_with_collectives(tmp_path: Path, level: str) -> None:
+def test_two_process_gloo_writes_both_ranks_with_collectives(tmp_path: Path, level: str, gloo_pair) -> None:
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available in this build")
     script = tmp_path / "gloo.py"
     script.write_text(GLOO_SCRIPT)
-    out, init = tmp_path / "d", tmp_path / "init"
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(out), str(init), level],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    codes, errs, work = gloo_pair(script, lambda r, w: [str(r), str(w / "d"), str(w / "init"), level],
+                                  lambda codes, errs: codes == [0, 0])
+    assert codes == [0, 0], "\n".join(f"--- rank {i} (exit {c}) ---\n{e}" for i, (c, e) in enumerate(zip(codes, errs)))
+    out = work / "d"
     for rank in (0, 1):
         for step in (0, 1):
             recs = read_records(out, step, rank)

@@ -266,18 +266,18 @@ GLOO_DIE = textwrap.dedent(
 )
 
 
-def test_a_rank_dying_mid_step_leaves_both_ranks_readable(tmp_path: Path) -> None:
+def test_a_rank_dying_mid_step_leaves_both_ranks_readable(tmp_path: Path, gloo_pair) -> None:
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available in this build")
     from torchparity.dump.reader import load_dump, open_dump
 
-    script, out, init = tmp_path / "die.py", tmp_path / "d", tmp_path / "init"
+    script = tmp_path / "die.py"
     script.write_text(GLOO_DIE)
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(out), str(init)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    errs = [p.communicate(timeout=120)[1] for p in procs]
-    assert procs[1].returncode == 7, errs[1][-2000:]
-    assert procs[0].returncode != 0, errs[0][-2000:]  # the peer's death reaches rank 0 as an error
+    codes, errs, work = gloo_pair(script, lambda r, w: [str(r), str(w / "d"), str(w / "init")],
+                                  lambda codes, errs: codes[1] == 7)
+    out = work / "d"
+    assert codes[1] == 7, errs[1][-2000:]
+    assert codes[0] != 0, errs[0][-2000:]  # the peer's death reaches rank 0 as an error
     assert "torchparity: the run stopped at step 1 with RuntimeError" in errs[0]
 
     reader = open_dump(out)
