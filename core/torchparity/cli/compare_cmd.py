@@ -36,11 +36,14 @@ from .validate import INDEX, WORKERS, amplification, output_dir as writable_dir
 @click.option("--allow-partial", is_flag=True,
               help="Compare what can be read of a truncated or corrupt dump (a killed run) instead of "
                    "stopping with exit code 2.")
+@click.option("--replay", type=click.IntRange(min=0), default=20, show_default=True, metavar="N",
+              help="Tensor mode: replay up to N suspect ops alone on their recorded device inputs in float64 "
+                   "to confirm or clear them (0: off).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary and root cause as JSON on stdout.")
 @click.pass_context
 def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: str | None, step: int | None,
             rank: int | None, formats: str | None, layer_mapping: str | None, plugins_file: str | None, threshold: float,
-            tolerance_dtype: str | None, workers: int | None, allow_partial: bool, as_json: bool) -> int:
+            tolerance_dtype: str | None, workers: int | None, allow_partial: bool, replay: int, as_json: bool) -> int:
     """Compare DEVICE_DUMP with BENCH_DUMP and name the op where they start to diverge.
 
     \b
@@ -81,7 +84,7 @@ def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: s
         reg = registry_from(ctx)
     res = run_compare(device_dump, bench_dump, output_dir=output_dir, step=step, rank=rank, formats=formats,
                       layer_mapping=layer_mapping, plugins=reg, threshold=threshold,
-                      tolerance_dtype=tolerance_dtype, workers=workers, allow_partial=allow_partial)
+                      tolerance_dtype=tolerance_dtype, workers=workers, allow_partial=allow_partial, replay=replay)
     s = res.summary
     if as_json:
         import json
@@ -141,6 +144,8 @@ def _print_summary(res: object) -> None:
         others = [x for x in res.suspects[1:6]]  # type: ignore[attr-defined]
         if others:
             click.echo("other suspects: " + "; ".join(f"{x.name} (x{x.score:.3g})" for x in others))
+    for r in [r for p in s.get("pairs", []) for r in p.get("replay", []) if r["verdict"] == "cleared"][:5]:
+        click.echo(f"cleared by replay: {r['name']}: {r['reason']}")
     for name, paths in res.reports.items():  # type: ignore[attr-defined]
         for p in paths:
             click.echo(f"wrote {p}")

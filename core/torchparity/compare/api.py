@@ -51,6 +51,7 @@ def compare(
     tolerance_dtype: str | None = None,
     workers: int | None = None,
     allow_partial: bool = False,
+    replay: int = 20,
 ) -> CompareResult:
     """Compare a device dump with a benchmark dump.
 
@@ -67,6 +68,8 @@ def compare(
     :param workers: worker processes for multi-step/rank dumps (default: automatic).
     :param allow_partial: compare what can be read of a truncated/corrupt dump (default: refuse
         it with a :class:`DumpError` that says what was read and what was lost).
+    :param replay: tensor mode: replay up to this many suspect ops alone on their recorded device
+        inputs in float64 to confirm or clear them (:mod:`.replay_judge`; 0: off).
     :returns: a :class:`~torchparity.results.CompareResult`.
     :raises DumpError: a dump is missing, empty, damaged (unless ``allow_partial``), the two share
         no step/rank, or they do not record the same computation.
@@ -78,6 +81,8 @@ def compare(
         raise UsageError(f"threshold must be a finite number > 1 (an amplification factor), got {threshold}")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise UsageError(f"workers must be a whole number >= 1 (or None: automatic), got {workers!r}")
+    if isinstance(replay, bool) or not isinstance(replay, int) or replay < 0:
+        raise UsageError(f"replay must be a whole number >= 0 (suspects to replay; 0: off), got {replay!r}")
     for name, val in (("step", step), ("rank", rank)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
             raise UsageError(f"{name} must be a whole number >= 0, got {val!r}")
@@ -156,6 +161,11 @@ def compare(
         for info, sus in zip(per_pair, pair_sus):
             info.update(root_cause=sus[0].name if sus else None, root_cause_index=sus[0].index if sus else None,
                         suspects=len(sus))
+    if replay and mode == "tensor" and any(pair_sus):  # confirm or clear each suspect by replaying it
+        from . import replay_judge
+
+        pair_sus = replay_judge.judge_suspects(dev.path, pair_sus, per_pair, limit=replay,
+                                               tolerance_dtype=tolerance_dtype)
     suspects = [x for sus in pair_sus for x in sus]
     integrity.agree_with_suspects(rows, suspects)
 
