@@ -247,8 +247,10 @@ def _same_value(a: Any, b: Any, d_dtype: str | None = None, b_dtype: str | None 
     ``finfo(d_dtype).min`` (``.max``, ``+-inf``) matches the bench's same-signed sentinel. Ints,
     bools and strings (``approximate='tanh'`` vs ``'none'``) are compared exactly, dtype names
     excepted (they differ legitimately between a low-precision run and its benchmark)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
     fa, fb = _as_float(a), _as_float(b)
-    if (fa is not None or fb is not None) and not isinstance(a, bool) and not isinstance(b, bool):
+    if fa is not None or fb is not None:
         fa = fa if fa is not None else (float(a) if isinstance(a, int) else None)
         fb = fb if fb is not None else (float(b) if isinstance(b, int) else None)
         if fa is None or fb is None:
