@@ -332,6 +332,12 @@ class OverflowChecker(Checker):
                 codes, uniq = pd.factorize(rows[dcol].to_numpy(dtype=object), use_na_sentinel=False)
                 lim = np.array([DTYPE_MAX.get(u, np.nan) if isinstance(u, str) and u in ALWAYS_SATURATION
                                 else np.nan for u in uniq] + [np.nan], dtype="float64")[codes]
+                # an extreme that is a sentinel pair (finfo(dtype).min of a mask on both sides,
+                # the compare core's max_sentinel/min_sentinel columns) is no saturation
+                if "max_sentinel" in rows.columns:
+                    mx = np.where(rows["max_sentinel"].fillna(False).to_numpy(dtype=bool), np.nan, mx)
+                if "min_sentinel" in rows.columns:
+                    mn = np.where(rows["min_sentinel"].fillna(False).to_numpy(dtype=bool), np.nan, mn)
                 with np.errstate(invalid="ignore"):
                     absmax = np.fmax(np.abs(mx), np.abs(mn))
                     bad |= ~np.isnan(lim) & (absmax >= lim)

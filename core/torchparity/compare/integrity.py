@@ -125,19 +125,43 @@ def _measured_on_neither_side(rows: Any) -> np.ndarray:
     return ~measured
 
 
+def not_values(rows: Any) -> np.ndarray:
+    """Per row: a paired tensor that neither dump measured on purpose (uninitialised memory, a
+    kernel's scratch workspace such as ``mkldnn_rnn_layer``'s output 3, an overwritten
+    destination): it is not a value, so nothing about it is compared - not its numbers, not
+    even its shape (a workspace's size depends on the kernel and the dtype)."""
+    n = len(rows)
+    if not n:
+        return np.zeros(0, dtype=bool)
+    paired = (rows["match"].to_numpy() != "unmatched") & (rows["kind"].to_numpy(dtype=object) == "tensor")
+    return paired & _measured_on_neither_side(rows) & ~_empty_both(rows)
+
+
+def _empty_both(rows: Any) -> np.ndarray:
+    return (numel(rows["device_shape"].tolist()) == 0) & (numel(rows["bench_shape"].tolist()) == 0)
+
+
+#: reason of the rows :func:`not_values` finds (a deliberate ``skip``, not damage)
+NOT_A_VALUE = "not a value (described, not measured: uninitialised memory or a kernel workspace); never compared"
+
+
 def apply_not_compared(rows: Any) -> int:
     """Mark the rows :func:`not_compared` finds (in place): a ``pass`` or ``skip`` verdict becomes
-    ``skip`` with the reason; warnings and errors a checker found stay. Returns how many rows."""
+    ``skip`` with the reason; warnings and errors a checker found stay. Rows that are not values
+    (:func:`not_values`) become ``skip`` with :data:`NOT_A_VALUE` whatever a checker said of
+    them (a differing workspace size is no error). Returns how many rows were not compared."""
     import pandas as pd
 
     mask, why = not_compared(rows)
-    if not mask.any():
+    nv = not_values(rows) & ~mask
+    if not mask.any() and not nv.any():
         return 0
     verdict = rows["verdict"].to_numpy(dtype=object).copy()
     reason = rows["reason"].to_numpy(dtype=object).copy()
     who = rows["checker"].to_numpy(dtype=object).copy()
     soft = mask & np.isin(verdict, ["pass", "skip"])
     verdict[soft], reason[soft], who[soft] = "skip", why[soft], ""
+    verdict[nv], reason[nv], who[nv] = "skip", NOT_A_VALUE, ""
     rows["verdict"] = pd.Series(verdict, index=rows.index, dtype=object)
     rows["reason"] = pd.Series(reason, index=rows.index, dtype=object)
     rows["checker"] = pd.Series(who, index=rows.index, dtype=object)

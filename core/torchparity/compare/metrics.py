@@ -184,3 +184,60 @@ def _unravel(i: int, shape: tuple[int, ...]) -> list[int] | None:
         return [int(x) for x in np.unravel_index(i, shape)]
     except ValueError:
         return None
+
+
+# ---- sentinel constants (finfo(dtype).min / .max) ----------------------------------------------
+#: the largest finite value of each floating dtype (``torch.finfo(dtype).max``)
+FINFO_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+             "float64": 1.7976931348623157e308, "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+#: machine epsilon (one unit in the last place at 1.0) of each floating dtype
+FINFO_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23, "float64": 2.0 ** -52,
+             "float8_e4m3fn": 2.0 ** -3, "float8_e5m2": 2.0 ** -2}
+
+
+def dtype_limits(dtypes: Any) -> np.ndarray:
+    """``finfo(dtype).max`` per dtype name (NaN for integer, bool and unknown dtypes)."""
+    import pandas as pd
+
+    arr = pd.Series(list(dtypes), dtype=object).to_numpy()
+    if not len(arr):
+        return np.empty(0, dtype="float64")
+    codes, uniq = pd.factorize(arr)
+    return np.array([FINFO_MAX.get(u, np.nan) if isinstance(u, str) else np.nan for u in uniq] + [np.nan],
+                    dtype="float64")[codes]
+
+
+def sentinel_extremes(d: dict[str, np.ndarray], b: dict[str, np.ndarray], d_dtype: Any,
+                      b_dtype: Any) -> dict[str, np.ndarray]:
+    """Per extreme (``max``, ``min``): the device's statistic is its dtype's saturated sentinel
+    (``+-finfo(device dtype).max``) and the bench's is the same-signed sentinel of *its* dtype.
+
+    Masks are built from ``finfo(dtype).min`` (``where(mask, 0, finfo.min)``): the constant is
+    -3.39e38 in bfloat16 and -3.40e38 in float32, the same value by meaning. Such a pair is not a
+    difference, not an overflow, and carries no information about rounding; a device at its
+    dtype's limit where the bench holds an ordinary value stays a genuine saturation."""
+    dl, bl = dtype_limits(d_dtype), dtype_limits(b_dtype)
+    out: dict[str, np.ndarray] = {}
+    with np.errstate(invalid="ignore"):
+        for s in ("max", "min"):
+            dv, bv = d[s], b[s]
+            out[s] = (~np.isnan(dl) & ~np.isnan(bl) & (np.abs(dv) == dl) & (np.abs(bv) == bl)
+                      & (np.sign(dv) == np.sign(bv)))
+    return out
+
+
+def without_sentinels(d: dict[str, np.ndarray], b: dict[str, np.ndarray],
+                      sentinel: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Copies of the statistics with what a sentinel pair dominates left out (NaN on both sides):
+    the sentinel extremes themselves, and the mean and norm of such a tensor (a sum of +-3.4e38
+    says nothing about the tensor's other values). The error is then judged on the statistics
+    that remain (the other extreme), or is 0 when nothing remains (the two hold the same
+    sentinel), never infinite."""
+    any_s = sentinel["max"] | sentinel["min"]
+    if not any_s.any():
+        return d, b
+    d2, b2 = dict(d), dict(b)
+    for s, m in (("max", sentinel["max"]), ("min", sentinel["min"]), ("mean", any_s), ("norm", any_s)):
+        d2[s] = np.where(m, np.nan, d[s])
+        b2[s] = np.where(m, np.nan, b[s])
+    return d2, b2

@@ -46,7 +46,7 @@ def check_same_shapes(both: Any, step: int, rank: int) -> None:
     codes, uniq = metrics.factorize_shapes(pd.Series(list(ds) + list(bs), dtype=object).to_numpy())
     is_tuple = np.array([isinstance(u, tuple) for u in uniq] + [False], dtype=bool)
     cd, cb = codes[:len(ds)], codes[len(ds):]
-    known = is_tuple[cd] & is_tuple[cb]
+    known = is_tuple[cd] & is_tuple[cb] & _measured(both, "d") & _measured(both, "b")
     if not known.any():
         return
     differs = known & (cd != cb)
@@ -58,6 +58,20 @@ def check_same_shapes(both: Any, step: int, rank: int) -> None:
             f"step{step}/rank{rank}: {len(bad)} of {len(recs)} paired records have different tensor shapes "
             f"(first: {both['d_name'].iat[first]} {ds[first]} vs {both['b_name'].iat[first]} {bs[first]}); these "
             f"dumps are not of the same model and input - check the model size, batch and sequence length")
+
+
+def _measured(both: Any, side: str) -> np.ndarray:
+    """Per paired row: that side's tensor was measured (a statistic or a checksum). A tensor the
+    capture described without measuring (uninitialised memory, a kernel workspace whose size
+    depends on the kernel and the dtype) says nothing about the computation, not even by its shape."""
+    m = np.zeros(len(both), dtype=bool)
+    for s in metrics.STATS + ("nan",):
+        c = f"{side}_{s}"
+        if c in both.columns:
+            m |= both[c].notna().to_numpy()
+    if f"{side}_md5" in both.columns:
+        m |= both[f"{side}_md5"].notna().to_numpy()
+    return m
 
 
 def _col(both: Any, name: str) -> Any:
@@ -115,11 +129,23 @@ def build_rows(both: Any, step: int, rank: int) -> Any:
         rows[f"device_{s}"] = dstat[s]
         rows[f"bench_{s}"] = bstat[s]
     numel = metrics.numel(both["b_shape"].where(both["b_shape"].notna(), both["d_shape"]).tolist())
+    sentinel = _inherit_sentinels(metrics.sentinel_extremes(dstat, bstat, both["d_dtype"], both["b_dtype"]),
+                                  dstat, both, rid)
     sm = metrics.stat_metrics(dstat, bstat, numel)
+    if sentinel["max"].any() or sentinel["min"].any():
+        # the error estimate leaves out what a sentinel pair dominates; the differences shown
+        # stay those of the recorded statistics, with a sentinel pair's set to 0 (same by meaning)
+        judged = metrics.stat_metrics(*metrics.without_sentinels(dstat, bstat, sentinel), numel)
+        sm["stat_error"], sm["nonfinite_mismatch"] = judged["stat_error"], judged["nonfinite_mismatch"]
+        for s in ("max", "min"):
+            sm[f"{s}_diff"] = np.where(sentinel[s], 0.0, sm[f"{s}_diff"])
+            sm[f"{s}_rel_diff"] = np.where(sentinel[s], 0.0, sm[f"{s}_rel_diff"])
     for s in metrics.STATS:
         rows[f"{s}_diff"] = sm[f"{s}_diff"]
     for s in metrics.STATS:
         rows[f"{s}_rel_diff"] = sm[f"{s}_rel_diff"]
+    rows["max_sentinel"] = sentinel["max"]
+    rows["min_sentinel"] = sentinel["min"]
     for s in ("nan", "inf"):
         rows[f"device_{s}"] = dstat[s]
         rows[f"bench_{s}"] = bstat[s]
@@ -152,6 +178,12 @@ def build_rows(both: Any, step: int, rank: int) -> Any:
         idx = np.flatnonzero(scalar)
         dv, bv = both["d_value"].to_numpy()[idx], both["b_value"].to_numpy()[idx]
         differs[idx] = [not _same_value(x, y) for x, y in zip(dv, bv)]
+        if differs.any():  # judged again with the record's dtypes (sentinels, low-precision rounding)
+            at = np.flatnonzero(differs)
+            d_dt, b_dt = _record_float_dtypes(both, rid, np.unique(rid[at]))
+            dv, bv = both["d_value"].to_numpy()[at], both["b_value"].to_numpy()[at]
+            differs[at] = [not _same_value(x, y, d_dt.get(int(r)), b_dt.get(int(r)))
+                           for x, y, r in zip(dv, bv, rid[at].tolist())]
     rows["value_differs"] = differs
     unmatched = rows["match"].to_numpy() == "unmatched"
     error = np.where(unmatched | (kind != "tensor"), np.nan, error)
@@ -161,14 +193,99 @@ def build_rows(both: Any, step: int, rank: int) -> Any:
     return rows
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, (int, float)) or isinstance(b, float) and isinstance(a, (int, float)):
-        if math.isnan(a) and math.isnan(b):
+def _inherit_sentinels(sentinel: dict[str, np.ndarray], dstat: dict[str, np.ndarray], both: Any,
+                       rid: np.ndarray) -> dict[str, np.ndarray]:
+    """A device-only tensor (no bench counterpart: e.g. the bf16 run's cast of a masked score
+    tensor to float32, a no-op in the float32 run) holding its dtype's sentinel at an extreme
+    carries the sentinel of the tensor it was computed from: when its producer's output is a
+    sentinel pair at that extreme, so is it."""
+    if not len(rid) or not (sentinel["max"].any() or sentinel["min"].any()):
+        return sentinel
+    lim = metrics.dtype_limits(both["d_dtype"])
+    dev_only = (rid >= 0) & (both["b_record_id"].fillna(-1).to_numpy() < 0)
+    with np.errstate(invalid="ignore"):
+        cand = {s: dev_only & (np.abs(dstat[s]) == lim) for s in ("max", "min")}
+    if not (cand["max"].any() or cand["min"].any()):
+        return sentinel
+    from .rootcause import producer_columns
+
+    io = matching.text_column(both["d_io"]).to_numpy(dtype=object)
+    arg = matching.text_column(both["d_arg"]).to_numpy(dtype=object).astype(str)
+    out_key = {(int(r), a): k for k, (r, i, a) in enumerate(zip(rid.tolist(), io, arg)) if i == "output"}
+    p_rid, p_idx = producer_columns(both["d_producer"].to_numpy(dtype=object))
+    out = {s: v.copy() for s, v in sentinel.items()}
+    for s in ("max", "min"):
+        for k in np.flatnonzero(cand[s]):
+            src = out_key.get((int(p_rid[k]), str(p_idx[k])))
+            if src is not None and sentinel[s][src] and np.sign(dstat[s][k]) == np.sign(dstat[s][src]):
+                out[s][k] = True
+    return out
+
+
+_NONFINITE_TEXT = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _as_float(v: Any) -> float | None:
+    """A float scalar argument as a float (the dump writes non-finite ones as text), else None
+    (ints and bools are compared exactly)."""
+    if isinstance(v, float):
+        return v
+    if isinstance(v, str):
+        return _NONFINITE_TEXT.get(v)
+    return None
+
+
+def _is_limit(v: float, dtype: str | None) -> bool:
+    """``v`` is +-inf or +-finfo(dtype).max: a mask / fill sentinel of that dtype."""
+    return math.isinf(v) or (dtype is not None and abs(v) == metrics.FINFO_MAX.get(dtype, math.nan))
+
+
+def _same_value(a: Any, b: Any, d_dtype: str | None = None, b_dtype: str | None = None) -> bool:
+    """Whether two scalar arguments are the same. Float scalars: exact (up to 1e-6 relative)
+    unless the device run's float dtype (``d_dtype``, the record's lowest-precision float) is
+    coarser than the bench's, then within one unit of that dtype's rounding; and the sentinel
+    ``finfo(d_dtype).min`` (``.max``, ``+-inf``) matches the bench's same-signed sentinel. Ints,
+    bools and strings (``approximate='tanh'`` vs ``'none'``) are compared exactly, dtype names
+    excepted (they differ legitimately between a low-precision run and its benchmark)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    fa, fb = _as_float(a), _as_float(b)
+    if fa is not None or fb is not None:
+        fa = fa if fa is not None else (float(a) if isinstance(a, int) else None)
+        fb = fb if fb is not None else (float(b) if isinstance(b, int) else None)
+        if fa is None or fb is None:
+            return False
+        if math.isnan(fa) or math.isnan(fb):
+            return math.isnan(fa) and math.isnan(fb)
+        if fa == fb:
             return True
-        return a == b or abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+        if d_dtype != b_dtype and _is_limit(fa, d_dtype) and _is_limit(fb, b_dtype) \
+                and math.copysign(1.0, fa) == math.copysign(1.0, fb):
+            return True
+        if math.isinf(fa) or math.isinf(fb):
+            return False
+        tol = 1e-6
+        d_eps, b_eps = metrics.FINFO_EPS.get(d_dtype or "", 0.0), metrics.FINFO_EPS.get(b_dtype or "", 0.0)
+        if d_eps > b_eps:
+            tol = max(tol, d_eps)  # one unit in the last place of the device's dtype
+        return abs(fa - fb) <= tol * max(abs(fa), abs(fb))
     if isinstance(a, str) and isinstance(b, str) and ("float" in a or "bfloat" in b or "float" in b):
         return True  # dtype arguments differ legitimately between a low-precision run and its benchmark
     return bool(a == b)
+
+
+def _record_float_dtypes(both: Any, rid: np.ndarray, want: np.ndarray) -> tuple[dict[int, str], dict[int, str]]:
+    """The lowest-precision float dtype of each device record in ``want`` (rows' record ids), on
+    the device side and on the bench side (from the record's tensor rows)."""
+    keep = np.isin(rid, want)
+    out: tuple[dict[int, str], dict[int, str]] = ({}, {})
+    for side, col in ((0, "d_dtype"), (1, "b_dtype")):
+        for r, dt in zip(rid[keep].tolist(), both[col].to_numpy(dtype=object)[keep].tolist()):
+            if isinstance(dt, str) and dt in metrics.FINFO_EPS:
+                cur = out[side].get(r)
+                if cur is None or metrics.FINFO_EPS[dt] > metrics.FINFO_EPS[cur]:
+                    out[side][r] = dt
+    return out
 
 
 def _order(rid: np.ndarray, brid: np.ndarray, both: Any) -> np.ndarray:
