@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import DumpError, TorchparityError, UsageError
 from ..results import CompareResult, Suspect
-from . import integrity, matching, rootcause
+from . import integrity, loss_scale, matching, rootcause
 from .judge import judge
 from .rows import MIN_PAIRED_FRACTION  # noqa: F401  (re-exported: the documented constant)
 from .rows import add_tensor_metrics as _add_tensor_metrics
@@ -335,6 +335,7 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     rows = _build_rows(both, step, rank)
     stacks = dr.stacks(step, rank)
     _add_tensor_metrics(rows, both, warnings, allow_partial)
+    loss_scale.normalise(rows, both, warnings)  # GradScaler: scaled gradients compared divided by S
     rows["judge_dtype"] = rootcause.judge_dtypes(rows, tolerance_dtype)
     rows["floor"] = rootcause.floors(rows)
     arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks)
