@@ -336,7 +336,8 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     stacks = dr.stacks(step, rank)
     _add_tensor_metrics(rows, both, warnings, allow_partial)
     loss_scale.normalise(rows, both, warnings)  # GradScaler: scaled gradients compared divided by S
-    rows["judge_dtype"] = rootcause.judge_dtypes(rows, tolerance_dtype)
+    rows["judge_dtype"] = rootcause.judge_dtypes(rows, tolerance_dtype, both.get("d_compute_dtype"),
+                                                 both.get("b_compute_dtype"))  # modules that computed below fp32
     rows["floor"] = rootcause.floors(rows)
     arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks)
     rows["input_error"] = arrays["input_error"]

@@ -158,15 +158,11 @@ def side_factors(both: Any, p: str) -> tuple[np.ndarray, list[float], str]:
         f[[i for i in np.flatnonzero(has & (io == "input")) if isinstance(prod[i], tuple)
            and int(prod[i][0]) == r0]] = s
         end = found[k + 1][0] if k + 1 < len(found) else None
-        started = False
+        # every backward record up to the next loss-scale op: records of a backward call whose
+        # hooks did not all fire are written late (at the step boundary), after the optimizer's
         for q in recs:
-            if q <= r0 or (end is not None and q >= end):
+            if q <= r0 or (end is not None and q >= end) or rec_phase[q] != "backward":
                 continue
-            if rec_phase[q] != "backward":
-                if started:
-                    break
-                continue
-            started = True
             scale_of[q] = s
             idx = rows_of[q]
             ten = [i for i in idx if kind[i] == "tensor"]
