@@ -41,6 +41,9 @@ from . import metrics
 #: the scaler's unscale op and its argument holding ``1/S``
 UNSCALE_OP = "_amp_foreach_non_finite_check_and_unscale_"
 UPDATE_OP = "_amp_update_scale_"
+#: ops of the scaler's bookkeeping whose one-element S or 1/S tensors are divided too
+SCALER_OPS = frozenset({"full", "to", "_to_copy", "copy_", "double", "float", "reciprocal", "mul", "lift_fresh",
+                        "clone", "detach", UNSCALE_OP, UPDATE_OP})
 #: relative agreement needed between the factor and the scaler's own record of ``S``
 S_RTOL = 1e-6
 #: module-level inference: largest relative spread of ``device / bench`` around ``2^k``
@@ -150,6 +153,26 @@ def side_factors(both: Any, p: str) -> tuple[np.ndarray, list[float], str]:
     if not found:
         return f, [], ""
 
+    # the scaler's own bookkeeping (the scale tensor S, its reciprocal 1/S): one-element tensors of
+    # these ops holding exactly S or 1/S compare as 1 (two runs may use different scales)
+    svals = {s for _, s in found} | set(known)
+    for i in np.flatnonzero(has & (kind == "tensor") & (phase != "backward")):
+        if base[i] not in SCALER_OPS:
+            continue
+        v = _one_value(both.iloc[i], p)
+        if v is None or v == 0:
+            continue
+        for sv in svals:
+            if abs(v - sv) <= S_RTOL * sv:
+                f[i] = sv
+            elif abs(v * sv - 1.0) <= S_RTOL:
+                f[i] = 1.0 / sv
+    # the gradients the unscale op reads (argument 0, a list) are still scaled by the last S
+    for i in np.flatnonzero(has & (base == UNSCALE_OP) & (io == "input") & (kind == "tensor")):
+        if str(arg[i]).split(".")[0] == "0":
+            before = [sv for r, sv in found if r < rid_i[i]]
+            if before:
+                f[i] = before[-1]
     scaled_out: set[tuple[int, str]] = set()  # aten data flow: (record id, output index) scaled
     scale_of: dict[int, float] = {}
     for k, (r0, s) in enumerate(found):
@@ -243,7 +266,28 @@ def normalise(rows: Any, both: Any, warnings: list[str]) -> list[LossScale]:
                             f"{found[-1].n_rows} scaled backward tensors are compared divided by the scale, "
                             f"their checksums are not compared")
     _divide(rows, both, np.where(differs, fd, 1.0), np.where(differs, fb, 1.0), differs)
+    if sd and sb:
+        _same_scaler_arguments(rows, set(sd), set(sb))
     return found
+
+
+def _same_scaler_arguments(rows: Any, sd: set[float], sb: set[float]) -> None:
+    """``torch.full((), S)`` creating each side's scale tensor: its differing scalar argument is
+    the two scales, not a difference in the computation."""
+    vd, vb = rows["device_value"].to_numpy(dtype=object), rows["bench_value"].to_numpy(dtype=object)
+    diff = rows["value_differs"].to_numpy(dtype=bool, copy=True)
+    ops = rows["op"].to_numpy(dtype=object)
+    hit = False
+    for i in np.flatnonzero(diff):
+        if _base(ops[i]) == "full" and isinstance(vd[i], (int, float)) and isinstance(vb[i], (int, float)) \
+                and float(vd[i]) in sd and float(vb[i]) in sb:
+            diff[i], hit = False, True
+    if hit:
+        import pandas as pd
+
+        rows["value_differs"] = diff
+        rid = rows["d_record_id"].to_numpy()
+        rows["args_differ"] = pd.Series(diff).groupby(rid).transform("max").to_numpy(dtype=bool) & (rid >= 0)
 
 
 def _g(ss: list[float]) -> str:
