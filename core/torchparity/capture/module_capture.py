@@ -15,6 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..records import module_record_name
+from .compute_dtype import compute_dtype
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
 from .module_tracker import Frame, ModuleTracker, tag_graph
 from .session import CaptureSession, flat_args, flat_outputs
@@ -82,11 +83,14 @@ class ModuleCapture:
         s = self.session
         pending, stop = self._open.pop(id(frame), (None, []))
         rec = None
+        cd = None
         if pending is not None:
             phase, tensors, seq0 = pending
+            cd = compute_dtype(frame.module, tree_flatten(output)[0])
             rec = s.new_record(prefix="Module", base=frame.path, op=frame.cls, level="module", phase=phase,
                                module=frame.path, module_class=frame.cls,
-                               name=module_record_name(frame.path, frame.cls, phase, frame.call_index))
+                               name=module_record_name(frame.path, frame.cls, phase, frame.call_index),
+                               flags={"compute_dtype": cd} if cd else None)
         if torch.is_grad_enabled() and not frame.recompute:
             tag_graph(output, {"module": frame.path, "module_class": frame.cls,
                                "fwd": rec.id if rec is not None else None, "node": None}, stop_at=stop,
@@ -99,7 +103,7 @@ class ModuleCapture:
             if seq0 is not None:  # also when the forward record was filtered out (range/skip)
                 inputs = [(str(i), a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
                 watch = watch_call(inputs, outs, seq0, self._emit_backward,
-                                   meta=(frame.path, frame.cls, frame.call_index, rec.id if rec is not None else None))
+                                   meta=(frame.path, frame.cls, frame.call_index, rec.id if rec is not None else None, cd))
                 if watch is not None:
                     self._pending_bw.append(watch)
             if rec is not None:
@@ -112,12 +116,15 @@ class ModuleCapture:
     # ---- backward ----------------------------------------------------------------------------
     def _emit_backward(self, watch: GradWatch) -> None:
         s = self.session
-        path, cls, idx, fwd = watch.meta
+        path, cls, idx, fwd, cd = watch.meta
         if not s.wants(cls, cls, "backward", path):
             return
+        # the backward of a call computes in the precision its forward did (saved low-precision
+        # tensors, autocast's casts), whatever autocast says while backward runs
         rec = s.new_record(prefix="Module", base=path, op=cls, level="module", phase="backward",
                            module=path, module_class=cls, fwd=fwd,
-                           name=module_record_name(path, cls, "backward", idx))
+                           name=module_record_name(path, cls, "backward", idx),
+                           flags={"compute_dtype": cd} if cd else None)
         if rec is None:
             return
         prev, s.busy = s.busy, True

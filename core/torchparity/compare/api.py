@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import DumpError, TorchparityError, UsageError
 from ..results import CompareResult, Suspect
-from . import integrity, matching, rootcause
+from . import integrity, loss_scale, matching, rootcause
 from .judge import judge
 from .rows import MIN_PAIRED_FRACTION  # noqa: F401  (re-exported: the documented constant)
 from .rows import add_tensor_metrics as _add_tensor_metrics
@@ -345,7 +345,9 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     rows = _build_rows(both, step, rank)
     stacks = dr.stacks(step, rank)
     _add_tensor_metrics(rows, both, warnings, allow_partial)
-    rows["judge_dtype"] = rootcause.judge_dtypes(rows, tolerance_dtype)
+    loss_scale.normalise(rows, both, warnings)  # GradScaler: scaled gradients compared divided by S
+    rows["judge_dtype"] = rootcause.judge_dtypes(rows, tolerance_dtype, both.get("d_compute_dtype"),
+                                                 both.get("b_compute_dtype"))  # modules that computed below fp32
     rows["floor"] = rootcause.floors(rows)
     arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks)
     rows["input_error"] = arrays["input_error"]

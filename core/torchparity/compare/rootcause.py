@@ -50,24 +50,37 @@ def pair_dtype(*dtypes: Any) -> str:
     return min(cands, key=lambda x: _PRECISION_ORDER.index(x) if x in _PRECISION_ORDER else 99)
 
 
-def judge_dtypes(rows: Any, dtype_override: str | None = None) -> np.ndarray:
+def judge_dtypes(rows: Any, dtype_override: str | None = None, device_compute: Any = None,
+                 bench_compute: Any = None) -> np.ndarray:
     """Per row, the dtype whose rounding bounds the expected error: the lower-precision floating
     dtype of the pair, or ``dtype_override`` when that is lower (a device that emulates bf16 while
-    storing float32 tensors is judged against bf16)."""
+    storing float32 tensors is judged against bf16), or a side's compute dtype when that is lower
+    (``device_compute``/``bench_compute``: per row, the module record's ``flags["compute_dtype"]``:
+    a module whose inner ops ran in bf16 or under fp16 autocast but returns float32 is judged
+    against that precision; None/NaN or no column: no flag, judged as before)."""
     import pandas as pd
 
     dd, bd = rows["device_dtype"].to_numpy(dtype=object), rows["bench_dtype"].to_numpy(dtype=object)
     if not len(dd):
         return np.empty(0, dtype=object)
-    # one decision per distinct (device dtype, bench dtype) pair (factorized in C, not per row)
-    cd, ud = pd.factorize(dd, use_na_sentinel=False)
-    cb, ub = pd.factorize(bd, use_na_sentinel=False)
-    pair_codes, inverse = np.unique(cd.astype(np.int64) * max(len(ub), 1) + cb, return_inverse=True)
-    vals = np.empty(len(pair_codes), dtype=object)
-    for k, pc in enumerate(pair_codes):
-        key = (ud[pc // max(len(ub), 1)], ub[pc % max(len(ub), 1)])
-        floating = any(isinstance(x, str) and x in DTYPE_RTOL for x in key)
-        vals[k] = pair_dtype(*key, dtype_override) if (dtype_override and floating) else pair_dtype(*key)
+
+    def col(x: Any) -> np.ndarray:
+        a = np.asarray(x, dtype=object) if x is not None else None
+        return a if a is not None and len(a) == len(dd) else np.full(len(dd), None, dtype=object)
+
+    # one decision per distinct (device dtype, bench dtype, compute dtypes) (factorized in C)
+    codes, uniq = zip(*(pd.factorize(c, use_na_sentinel=False) for c in (dd, bd, col(device_compute), col(bench_compute))))
+    sizes = [max(len(u), 1) for u in uniq]
+    key = np.zeros(len(dd), dtype=np.int64)
+    for c, n in zip(codes, sizes):
+        key = key * n + c.astype(np.int64)
+    keys, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    vals = np.empty(len(keys), dtype=object)
+    for k, i in enumerate(first):
+        d, b, dc, bc = (u[c[i]] for u, c in zip(uniq, codes))
+        floating = any(isinstance(x, str) and x in DTYPE_RTOL for x in (d, b))
+        extra = [x for x in (dtype_override, dc, bc) if isinstance(x, str) and x] if floating else []
+        vals[k] = pair_dtype(d, b, *extra)
     return vals[inverse.reshape(-1)]
 
 

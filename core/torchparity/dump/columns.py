@@ -34,12 +34,16 @@ TENSOR_COLUMNS = [
     "mean", "norm", "nan", "inf", "md5", "value", "file", "key", "producer",
 ]
 COLUMNS = RECORD_COLUMNS + TENSOR_COLUMNS + ["tensor"]
+#: a torchparity dump's frames also have ``compute_dtype``: a module record's
+#: ``flags["compute_dtype"]`` (the precision its subtree computed in: bf16 parameters, fp16
+#: autocast), None elsewhere and in older dumps (an msprobe frame has no such column)
+TP_COLUMNS = COLUMNS + ["compute_dtype"]
 #: the columns ``torchparity.compare`` reads (``read_unit(..., compact=True)``): building only
 #: these makes reading a big statistics dump ~25 % faster
 COMPARE_COLUMNS = [
     "record_id", "name", "op", "level", "phase", "module", "call_index", "fwd", "stack", "io", "arg", "kind",
     "dtype", "shape", "requires_grad", "max", "min", "mean", "norm", "nan", "inf", "md5", "value", "producer",
-    "tensor",
+    "tensor", "compute_dtype",
 ]
 STAT_COLUMNS = ("max", "min", "mean", "norm", "nan", "inf")
 IO_VALUES = frozenset({"input", "output", "param", "grad"})
@@ -211,7 +215,7 @@ class RecordColumns:
     def __init__(self, full: bool = False, step: int = 0, rank: int = 0) -> None:
         self.full = full
         self.step, self.rank = step, rank
-        self.heads: list[list[Any]] = [[] for _ in range(9)]
+        self.heads: list[list[Any]] = [[] for _ in range(10)]  # ..., stack, compute_dtype
         self.xheads: list[list[Any]] = [[] for _ in range(4)]  # full: module_class, step, rank, flags
         self.cols: list[list[Any]] = [[] for _ in range(14)]
         self.device: list[Any] = []
@@ -239,7 +243,7 @@ class RecordColumns:
 
     def _add(self, records: list[dict[str, Any]], share: Callable[[Any, Any], Any],
              share_shape: Callable[[Any, Any], Any]) -> None:
-        h_id, h_name, h_op, h_level, h_phase, h_module, h_ci, h_fwd, h_stack = (c.append for c in self.heads)
+        h_id, h_name, h_op, h_level, h_phase, h_module, h_ci, h_fwd, h_stack, h_cd = (c.append for c in self.heads)
         x_cls, x_step, x_rank, x_flags = (c.append for c in self.xheads)
         (c_rec, c_io, c_arg, c_kind, c_dtype, c_shape, c_stride, c_rg, c_stats, c_md5, c_value, c_prod,
          c_file, c_key) = (c.append for c in self.cols)
@@ -258,6 +262,9 @@ class RecordColumns:
             h_phase(share(v, v))
             v = g("module")
             h_module(share(v, v) if v is not None else "")
+            v = g("flags")
+            v = v.get("compute_dtype") if type(v) is dict else None
+            h_cd(share(v, v) if type(v) is str else None)
             if full:
                 v = g("module_class")
                 x_cls(share(v, v)), x_step(g("step", step)), x_rank(g("rank", rank)), x_flags(g("flags"))
@@ -316,7 +323,7 @@ class RecordColumns:
     # ---- validation ---------------------------------------------------------------------------
 
     def _record_problems(self) -> Iterable[tuple[int, str]]:
-        ids, names, ops, levels, phases, modules, cis, fwds, stacks = self.heads
+        ids, names, ops, levels, phases, modules, cis, fwds, stacks, _cd = self.heads
         if set(map(type, ids)) - {int} or min(ids, default=0) < 0:
             yield from _column_problems(ids, (int,), _nonneg_int, "id")
         yield from _column_problems(names, (str,), None, "name", distinct=False)
@@ -405,7 +412,7 @@ class RecordColumns:
 
         from .damage import Damage
 
-        columns = COLUMNS if self.full else COMPARE_COLUMNS
+        columns = TP_COLUMNS if self.full else COMPARE_COLUMNS
         bad = self.problems()
         if bad and damage is not None:
             damage.append(Damage(self.damage_message(bad, file)))
@@ -441,7 +448,7 @@ class RecordColumns:
             "shape": _objects(shape),
             "requires_grad": np.array(rg, dtype=bool) if all(type(v) is bool for v in rg) else _objects(rg),
             **_stat_arrays(stats), "md5": _objects(md5), "value": _objects(value),
-            "producer": _objects(prod), "tensor": _objects(tensor),
+            "producer": _objects(prod), "tensor": _objects(tensor), "compute_dtype": _objects(heads[9])[at],
         }
         if self.full:
             data.update({
