@@ -117,10 +117,10 @@ def table(results: list[dict[str, Any]], threshold: float) -> str:
     fams: dict[str, list[tuple[float, float, int, str]]] = {}
     for r in clean:
         for f, v in r["families"].items():
-            fams.setdefault(f, []).append((v["max"], v["p99"], v["n"], f"{r['model']}/{r['tag']}"))
+            fams.setdefault(f"{f} ({r['tag'].split('-')[0]})", []).append((v["max"], v["p99"], v["n"], f"{r['model']}/{r['tag']}"))
     lines += ["### Clean low-precision runs vs fp32: amplification score per op family", "",
               f"threshold {threshold:g}; score = the larger channel score of an op (see above)", "",
-              "| op family | ops scored | p99 | max | margin (threshold / max) | worst at |", "|---|---|---|---|---|---|"]
+              "| op family (run) | ops scored | p99 | max | margin (threshold / max) | worst at |", "|---|---|---|---|---|---|"]
     for f in sorted(fams, key=lambda k: -max(x[0] for x in fams[k])):
         mx = max(fams[f], key=lambda x: x[0])
         p99 = max(x[1] for x in fams[f])

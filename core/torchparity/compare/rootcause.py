@@ -172,10 +172,13 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # extreme channel: elementwise noise (the dtype's floor), against the inputs' largest error
         s_ext = np.where(np.isinf(o_ext) & np.isinf(denom), np.nan, o_ext / denom)
         # aggregate channel: its own (smaller) floor, against the inputs' aggregate error
-        # (elementwise input errors e average to ~e/sqrt(n) over an output of n elements: a loss, a
-        # scalar, a small output keeps most of them)
-        a_den = np.fmax(np.fmax(np.nan_to_num(i_agg, nan=np.inf, posinf=np.inf), floor * error_model.AGG_FLOOR_FRACTION),
-                        np.nan_to_num(i_err, nan=0.0) / np.sqrt(np.fmax(np.nan_to_num(out_n, nan=1.0), 1.0)))
+        # (elementwise input errors e reach the output's norm too: averaged to ~e/sqrt(n) over n
+        # independent elements at best, a fraction AGG_FROM_EXT of e when they are correlated)
+        # (an input whose norm is unknown, e.g. overflowed by a finfo.min mask: its largest error)
+        i_agg_k = np.where(np.isnan(i_agg), i_err, i_agg)
+        a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * error_model.AGG_FLOOR_FRACTION),
+                        np.nan_to_num(i_err, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
+                                                                 1.0 / np.sqrt(np.fmax(np.nan_to_num(out_n, nan=1.0), 1.0))))
         s_agg = np.where(np.isinf(o_agg) & np.isinf(a_den), np.nan, o_agg / a_den)
         # cancelling ops (normalisations, reductions, weight/bias gradients): the aggregate channel
         # only (measured against what went into them); a NaN/Inf created stays a finding
