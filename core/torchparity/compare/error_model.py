@@ -114,6 +114,11 @@ AGG_FLOOR_FRACTION = 0.25
 #: do not average out. Calibrated on the zoo (clean max vs x1.05 faults).
 AGG_FROM_EXT = 0.25
 
+#: an output of a backward op whose norm is below this fraction of the op's largest output is ~0
+#: by cancellation (a bias gradient a softmax or a BatchNorm makes vanish): judged against that
+#: largest output, not against itself
+CANCEL_RATIO = 1e-2
+
 
 def stat_channels(rows: Any) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the aggregate and the extreme channel of the statistics error (relative; NaN where

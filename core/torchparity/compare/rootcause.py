@@ -162,8 +162,13 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     shapes = rows["bench_shape"].where(rows["bench_shape"].notna(), rows["device_shape"]) if "bench_shape" in rows else None
     nel = numel(shapes.tolist())[dev] if shapes is not None else np.full(int(dev.sum()), np.nan)
     out_n = r.assign(n=nel)[is_out].groupby("rid")["n"].max().reindex(rec_ids).to_numpy()
+    ext_row = ext_row[dev]
+    if "phase" in recs:  # a gradient ~0 by cancellation next to the record's other gradients
+        bwd = pd.Series(recs["phase"].to_numpy(dtype=object) == "backward", index=rec_ids)
+        fac = _cancelled_outputs(r, error_model.cancel_scale(rows)[dev], is_out, bwd)
+        agg_row, ext_row = agg_row * fac, ext_row * fac
     o_agg, i_agg, _ = _flow(r, agg_row, is_in, is_out, rec_ids, fwd)
-    o_ext, i_ext, _ = _flow(r, ext_row[dev], is_in, is_out, rec_ids, fwd)
+    o_ext, i_ext, _ = _flow(r, ext_row, is_in, is_out, rec_ids, fwd)
     floor = r.groupby("rid")["floor"].max().reindex(rec_ids).to_numpy()
     args_differ = recs["args_differ"].to_numpy(dtype=bool) if "args_differ" in recs else np.zeros(len(rec_ids), bool)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -337,6 +342,23 @@ def _flow(r: Any, err: np.ndarray, is_in: Any, is_out: Any, rec_ids: np.ndarray,
         carried[np.flatnonzero(has_fwd)[ok]] = saved[j[ok].astype(int)]
         i_err = np.where(np.isnan(carried), i_err, np.fmax(i_err, carried))
     return o_err, i_err, ins
+
+
+def _cancelled_outputs(r: Any, norm: np.ndarray, is_out: Any, backward: Any) -> np.ndarray:
+    """Per row, the factor that measures an output of a backward record against the record's
+    largest output when it is below :data:`error_model.CANCEL_RATIO` of it (a bias gradient that is
+    ~0 by cancellation: a key-projection bias under softmax, a conv bias before BatchNorm, beside
+    the weight and input gradients of the same op); 1 elsewhere."""
+    out = is_out.to_numpy()
+    rid = r["rid"].to_numpy()
+    b = backward.reindex(rid).fillna(False).to_numpy(dtype=bool) & out
+    if not b.any():
+        return np.ones(len(rid))
+    big = r.assign(n=np.where(b, norm, np.nan)).groupby("rid")["n"].max().reindex(rid).to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = norm / big
+    small = b & np.isfinite(ratio) & (ratio < error_model.CANCEL_RATIO)
+    return np.where(small, ratio, 1.0)
 
 
 def _against_inputs(r: Any, agg: np.ndarray, norm: np.ndarray, is_in: Any, is_out: Any,
