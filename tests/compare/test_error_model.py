@@ -107,3 +107,22 @@ def test_zoo_calibration_cells(zoo, model: str, feature: str, tmp_path: Path) ->
     """Two small zoo models: clean bf16 vs fp32 has no root cause, x1.05 matmul faults are named."""
     cell = zoo.run_cell(model, feature, tmp_path)
     assert cell.status == "OK", f"{model} / {feature}: {cell.status}: {cell.note}"
+
+
+def test_tensor_mode_still_judges_cancelling_ops(tmp_path: Path) -> None:
+    """A guard: the cancelling family's rule (aggregate channel only) must not silence a fault of a
+    normalisation in tensor mode."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 64, generator=g)
+
+    def build(d: SyntheticDump, dev: bool) -> None:
+        n = torch.nn.functional.layer_norm(x, (64,))
+        d.op("aten.native_layer_norm.default", "norm", [(x, None)], [n * 1.5 if dev else n])
+
+    paths = []
+    for side in ("dev", "bench"):
+        d = SyntheticDump(tmp_path / side, "tensor")
+        build(d, side == "dev")
+        paths.append(str(d.close()))
+    rc = torchparity.compare(paths[0], paths[1]).root_cause
+    assert rc is not None and rc.op == "aten.native_layer_norm.default"

@@ -187,7 +187,8 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         s_agg = np.where(np.isinf(o_agg) & np.isinf(a_den), np.nan, o_agg / a_den)
         # cancelling ops (normalisations, reductions, weight/bias gradients): the aggregate channel
         # only (measured against what went into them); a NaN/Inf created stays a finding
-        s_ext = np.where(cancelling & np.isfinite(o_ext), np.nan, s_ext)
+        # (where the aggregate channel is known: tensor mode has one full-tensor error, judged as before)
+        s_ext = np.where(cancelling & np.isfinite(o_ext) & ~np.isnan(o_agg), np.nan, s_ext)
         score = np.fmax(s_agg, s_ext)
         score = np.where(np.isnan(score) & np.isinf(o_err), plain, score)
         # selection, ill-conditioned and cast ops: judged only when their inputs agree (fp32 noise)
