@@ -247,7 +247,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         elif math.isinf(oe):
             reason = f"its {what} differs where the benchmark's is exactly zero, while its input error is {_fmt(ie)}"
         elif agg_led[i]:
-            reason = (f"{what} norm/mean error {_fmt(o_agg[i])} vs input norm/mean error {_fmt(i_agg[i])} "
+            reason = (f"{what} norm error {_fmt(o_agg[i])} vs input norm error {_fmt(i_agg[i])} "
                       f"(floor {_fmt(floor[i] * error_model.AGG_FLOOR_FRACTION)}): amplified {_fmt(score[i])}x, "
                       f"threshold {threshold:g}")
         else:
