@@ -115,6 +115,11 @@ class AllcloseChecker(Checker):
                 atol = float(ov.get("atol", atol))
         return rtol, atol
 
+    def _configured(self) -> bool:
+        """Whether the user set tolerances of their own (rtol, atol or per-op overrides)."""
+        o = self.options
+        return bool(o.rtol or o.atol or o.overrides)
+
     # ---- offline ----------------------------------------------------------------------------
     def judge_rows(self, rows: pd.DataFrame, ctx: CheckContext | None = None) -> pd.DataFrame:
         import numpy as np
@@ -184,8 +189,19 @@ class AllcloseChecker(Checker):
         # root cause never disagree; without that column, the tolerance stands in for the floor
         floor = col("floor").to_numpy(dtype="float64")
         floor = np.where(np.isnan(floor), limit, floor)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            amplified = (err >= self.options.amplification * np.fmax(in_err, floor)) & ~no_inputs
+        amp = col("amplification").to_numpy(dtype="float64")
+        if "amplification" in rows.columns:
+            # the core's error model scored each op (two channels, op families): its score is the
+            # amplification, so that a verdict never contradicts the root cause
+            amplified = np.nan_to_num(amp, nan=0.0, posinf=np.inf) >= self.options.amplification
+        else:
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                amplified = (err >= self.options.amplification * np.fmax(in_err, floor)) & ~no_inputs
+        if not self._configured():
+            # default tolerances: an output the error model finds amplified is beyond them even
+            # when an elementwise atol (1e-5, large next to a small gradient) would pass it; a
+            # tolerance the user configured keeps the last word
+            beyond = beyond | (has & amplified & out_like & (err > 0))
         verdict[has] = "pass"
         w = beyond & ~(out_like & amplified)
         verdict[w] = "warning"
@@ -200,10 +216,12 @@ class AllcloseChecker(Checker):
                                                 in_err[w].tolist(), out_like[w].tolist())]
         e_ = beyond & out_like & amplified
         verdict[e_] = "error"
-        reason[e_] = [f"output differs by {e:.3g} (> {l:.3g} for {dt}) while its inputs differ by {ie:.3g}: "
-                      f"introduced here"
-                      for e, l, dt, ie in zip(err[e_].tolist(), limit[e_].tolist(), dtypes[e_].tolist(),
-                                              in_err[e_].tolist())]
+        reason[e_] = [(f"output differs by {e:.3g} (> {l:.3g} for {dt}) while its inputs differ by {ie:.3g}: "
+                       f"introduced here") if e > l else
+                      (f"output differs by {e:.3g} while its inputs differ by {ie:.3g}: amplified {a:.3g}x by the "
+                       f"{dt} error model (within the elementwise tolerance {l:.3g}): introduced here")
+                      for e, l, dt, ie, a in zip(err[e_].tolist(), limit[e_].tolist(), dtypes[e_].tolist(),
+                                                 in_err[e_].tolist(), np.nan_to_num(amp[e_], nan=0.0).tolist())]
         # shape, NaN/Inf, scalar arguments
         ds, bs = col("device_shape", None).to_numpy(dtype=object), col("bench_shape", None).to_numpy(dtype=object)
         shape_bad = is_tensor & _shapes_differ(ds, bs)

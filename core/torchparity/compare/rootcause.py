@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..results import Suspect
+from . import error_model
 
 #: relative tolerances by dtype (torch.testing defaults); the floor is FLOOR_FACTOR times this.
 DTYPE_RTOL = {
@@ -141,58 +142,74 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     is_out = r["io"].isin(["output", "grad"]) & (r["kind"] == "tensor")
     is_in = r["io"].isin(["input", "param"]) & (r["kind"] == "tensor")
 
-    # output errors by (rid, arg), and per record
-    outs = r[is_out]
-    out_err_row = outs.set_index(["rid", "arg"])["err"]
-    out_err_row = out_err_row[~out_err_row.index.duplicated()]
-    out_err = outs.groupby("rid")["err"].max()
-
-    # inputs: own error, else the producer's output error (data flow)
-    ins = r[is_in].copy()
-    need = ins["err"].isna() & (ins["p_rid"] >= 0)
-    if need.any():
-        key = pd.MultiIndex.from_arrays([ins.loc[need, "p_rid"], ins.loc[need, "p_idx"]])
-        via = out_err_row.reindex(key).to_numpy()
-        via_rec = out_err.reindex(ins.loc[need, "p_rid"]).to_numpy()
-        ins.loc[need, "err"] = np.where(np.isnan(via), via_rec, via)
-    in_err = ins.groupby("rid")["err"].max()
-
-    # device-only ops: their output error is what their consumers see
-    cons = ins[(ins["p_rid"] >= 0) & ins["err"].notna()]
-    cons_err = cons.groupby("p_rid")["err"].max()
-
     recs = rows[dev].drop_duplicates("d_record_id").set_index("d_record_id")
     rec_ids = recs.index.to_numpy()
-    o_err = out_err.reindex(rec_ids).to_numpy()
-    c_err = cons_err.reindex(rec_ids).to_numpy()
-    o_err = np.where(np.isnan(o_err), c_err, o_err)
-    i_err = in_err.reindex(rec_ids).to_numpy()
+    fwd = (pd.to_numeric(recs["d_fwd"], errors="coerce").to_numpy(dtype="float64")
+           if "d_fwd" in recs else np.full(len(rec_ids), np.nan))
+    o_err, i_err, ins = _flow(r, r["err"].to_numpy(), is_in, is_out, rec_ids, fwd)
     has_inputs = pd.Series(True, index=ins["rid"].unique()).reindex(rec_ids).fillna(False).to_numpy(dtype=bool)
     # a record whose only tensors are parameter gradients is a sink (the gradient was computed by
     # the backward ops before it): it has no input error of its own and is never scored. Other
     # records without tensor inputs (factory ops: randn, arange...) start from a zero input error.
     grad_only = (r.assign(g=r["io"] == "grad").groupby("rid")["g"].all().reindex(rec_ids)
                  .fillna(False).to_numpy(dtype=bool))
-    i_err = np.where(np.isnan(i_err) & ~has_inputs & ~grad_only, 0.0, i_err)
-    # backward records also read the tensors their forward op saved (its inputs and outputs):
-    # an error there is carried into the backward op, not introduced by it
-    if "d_fwd" in recs:
-        fwd = pd.to_numeric(recs["d_fwd"], errors="coerce").to_numpy(dtype="float64")
-        has_fwd = ~np.isnan(fwd)
-        if has_fwd.any():
-            saved = np.fmax(in_err.reindex(rec_ids).to_numpy(), out_err.reindex(rec_ids).to_numpy())
-            pos_of = pd.Series(np.arange(len(rec_ids)), index=rec_ids)
-            j = pos_of.reindex(fwd[has_fwd]).to_numpy()
-            carried = np.full(len(rec_ids), np.nan)
-            ok = ~np.isnan(j)
-            carried[np.flatnonzero(has_fwd)[ok]] = saved[j[ok].astype(int)]
-            i_err = np.where(np.isnan(carried), i_err, np.fmax(i_err, carried))
+    no_in = ~has_inputs & ~grad_only
+    i_err = np.where(np.isnan(i_err) & no_in, 0.0, i_err)
+    # the two channels of the statistics error (error_model): aggregate and extreme, each carried
+    # through the data flow on its own
+    agg_row, ext_row = error_model.stat_channels(rows)
+    fam = error_model.op_families(recs["op"].to_numpy(dtype=object))
+    if "phase" in recs:  # every optimizer update divides by a data-dependent denominator
+        fam = np.where((recs["phase"].to_numpy(dtype=object) == "optimizer") & (fam != "cast"), "ill_conditioned", fam)
+    nf_out = (r.assign(nf=rows["nonfinite_mismatch"].fillna(False).to_numpy(dtype=bool)[dev])[is_out]
+              .groupby("rid")["nf"].any().reindex(rec_ids).fillna(False).to_numpy(dtype=bool)
+              if "nonfinite_mismatch" in rows else np.zeros(len(rec_ids), dtype=bool))
+    cancelling = fam == "cancelling"
+    if cancelling.any():  # an output ~0 by cancellation: its error against what went into it
+        agg_row = _against_inputs(r, agg_row[dev], error_model.cancel_scale(rows)[dev], is_in, is_out,
+                                  pd.Series(cancelling, index=rec_ids))
+    else:
+        agg_row = agg_row[dev]
+    from .metrics import numel
+
+    shapes = rows["bench_shape"].where(rows["bench_shape"].notna(), rows["device_shape"]) if "bench_shape" in rows else None
+    nel = numel(shapes.tolist())[dev] if shapes is not None else np.full(int(dev.sum()), np.nan)
+    out_n = r.assign(n=nel)[is_out].groupby("rid")["n"].max().reindex(rec_ids).to_numpy()
+    ext_row = ext_row[dev]
+    if "phase" in recs:  # a gradient ~0 by cancellation next to the record's other gradients
+        bwd = pd.Series(recs["phase"].to_numpy(dtype=object) == "backward", index=rec_ids)
+        fac = _cancelled_outputs(r, error_model.cancel_scale(rows)[dev], is_out, bwd)
+        agg_row, ext_row = agg_row * fac, ext_row * fac
+    o_agg, i_agg, _ = _flow(r, agg_row, is_in, is_out, rec_ids, fwd)
+    o_ext, i_ext, _ = _flow(r, ext_row, is_in, is_out, rec_ids, fwd)
     floor = r.groupby("rid")["floor"].max().reindex(rec_ids).to_numpy()
     args_differ = recs["args_differ"].to_numpy(dtype=bool) if "args_differ" in recs else np.zeros(len(rec_ids), bool)
     with np.errstate(divide="ignore", invalid="ignore"):
         denom = np.fmax(np.nan_to_num(i_err, nan=np.inf, posinf=np.inf, neginf=-np.inf), floor)
-        score = np.where(np.isinf(o_err) & np.isinf(denom), np.nan, o_err / denom)
+        plain = np.where(np.isinf(o_err) & np.isinf(denom), np.nan, o_err / denom)
+        # extreme channel: elementwise noise (the dtype's floor), against the inputs' largest error
+        s_ext = np.where(np.isinf(o_ext) & np.isinf(denom), np.nan, o_ext / denom)
+        # aggregate channel: its own (smaller) floor, against the inputs' aggregate error
+        # (elementwise input errors e reach the output's norm too: averaged to ~e/sqrt(n) over n
+        # independent elements at best, a fraction AGG_FROM_EXT of e when they are correlated)
+        # (an input whose norm is unknown, e.g. overflowed by a finfo.min mask: its largest error)
+        i_agg_k = np.where(np.isnan(i_agg), i_err, i_agg)
+        a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * error_model.AGG_FLOOR_FRACTION),
+                        np.nan_to_num(i_err, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
+                                                                 1.0 / np.sqrt(np.fmax(np.nan_to_num(out_n, nan=1.0), 1.0))))
+        s_agg = np.where(np.isinf(o_agg) & np.isinf(a_den), np.nan, o_agg / a_den)
+        # cancelling ops (normalisations, reductions, weight/bias gradients): the aggregate channel
+        # only (measured against what went into them); a NaN/Inf created stays a finding
+        # (where the aggregate channel is known: tensor mode has one full-tensor error, judged as before)
+        s_ext = np.where(cancelling & np.isfinite(o_ext) & ~np.isnan(o_agg), np.nan, s_ext)
+        score = np.fmax(s_agg, s_ext)
+        score = np.where(np.isnan(score) & np.isinf(o_err), plain, score)
+        # selection, ill-conditioned and cast ops: judged only when their inputs agree (fp32 noise)
+        discrete = np.isin(fam, ("selection", "ill_conditioned", "cast"))
+        agree = np.nan_to_num(i_err, nan=np.inf) <= NOISE_FLOOR["float32"]
+        score = np.where(discrete & ~agree & ~nf_out, np.nan, score)
         score = np.where(np.isnan(i_err), np.nan, score)
+        agg_led = np.nan_to_num(s_agg, nan=-1.0) > np.nan_to_num(s_ext, nan=-1.0)
         # a differing scalar argument (approximate='tanh' vs 'none') with a differing output
         score = np.where(args_differ & (o_err > floor), np.fmax(np.nan_to_num(score, posinf=np.inf, neginf=-np.inf), threshold), score)
     # md5 mode: an output checksum differs while every input is bit-identical
@@ -238,8 +255,14 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
             reason = "its output checksum differs from the benchmark while all its inputs are bit-identical"
         elif args_differ[i] and (math.isnan(score[i]) or o_err[i] / max(ie, floor[i]) < threshold):
             reason = f"a scalar argument differs from the benchmark and its {what} error is {_fmt(oe)}"
-        elif math.isinf(oe):
+        elif math.isinf(oe) and nf_out[i]:
             reason = f"its inputs are finite-equal (error {_fmt(ie)}) but its {what} has NaN/Inf that the benchmark does not"
+        elif math.isinf(oe):
+            reason = f"its {what} differs where the benchmark's is exactly zero, while its input error is {_fmt(ie)}"
+        elif agg_led[i]:
+            reason = (f"{what} norm error {_fmt(o_agg[i])} vs input norm error {_fmt(i_agg[i])} "
+                      f"(floor {_fmt(floor[i] * error_model.AGG_FLOOR_FRACTION)}): amplified {_fmt(score[i])}x, "
+                      f"threshold {threshold:g}")
         else:
             reason = (f"{what} error {_fmt(oe)} vs input error {_fmt(ie)} (floor {_fmt(floor[i])}): "
                       f"amplified {_fmt(score[i])}x, threshold {threshold:g}")
@@ -294,6 +317,78 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     input_error = np.where(ok, i_err[ii] if len(rec_ids) else np.nan, np.nan)
     amp = np.where(ok, score[ii] if len(rec_ids) else np.nan, np.nan)
     return {"input_error": input_error, "amplification": amp}, suspects
+
+
+def _flow(r: Any, err: np.ndarray, is_in: Any, is_out: Any, rec_ids: np.ndarray,
+          fwd: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
+    """Carry one per-row error through the data flow: per record, its output error (for a
+    device-only op, what its consumers see) and its input error (own, else its producer's output,
+    plus what a backward record reads from its forward op); and the input rows with their error."""
+    import pandas as pd
+
+    r = r.assign(err=err)
+    outs = r[is_out]
+    out_err_row = outs.set_index(["rid", "arg"])["err"]
+    out_err_row = out_err_row[~out_err_row.index.duplicated()]
+    out_err = outs.groupby("rid")["err"].max()
+    ins = r[is_in].copy()
+    need = ins["err"].isna() & (ins["p_rid"] >= 0)
+    if need.any():
+        key = pd.MultiIndex.from_arrays([ins.loc[need, "p_rid"], ins.loc[need, "p_idx"]])
+        via = out_err_row.reindex(key).to_numpy()
+        via_rec = out_err.reindex(ins.loc[need, "p_rid"]).to_numpy()
+        ins.loc[need, "err"] = np.where(np.isnan(via), via_rec, via)
+    in_err = ins.groupby("rid")["err"].max()
+    cons = ins[(ins["p_rid"] >= 0) & ins["err"].notna()]
+    cons_err = cons.groupby("p_rid")["err"].max()
+    o_err = out_err.reindex(rec_ids).to_numpy()
+    o_err = np.where(np.isnan(o_err), cons_err.reindex(rec_ids).to_numpy(), o_err)
+    i_err = in_err.reindex(rec_ids).to_numpy()
+    # backward records also read the tensors their forward op saved (its inputs and outputs):
+    # an error there is carried into the backward op, not introduced by it
+    has_fwd = ~np.isnan(fwd)
+    if has_fwd.any():
+        saved = np.fmax(i_err, out_err.reindex(rec_ids).to_numpy())
+        pos_of = pd.Series(np.arange(len(rec_ids)), index=rec_ids)
+        j = pos_of.reindex(fwd[has_fwd]).to_numpy()
+        carried = np.full(len(rec_ids), np.nan)
+        ok = ~np.isnan(j)
+        carried[np.flatnonzero(has_fwd)[ok]] = saved[j[ok].astype(int)]
+        i_err = np.where(np.isnan(carried), i_err, np.fmax(i_err, carried))
+    return o_err, i_err, ins
+
+
+def _cancelled_outputs(r: Any, norm: np.ndarray, is_out: Any, backward: Any) -> np.ndarray:
+    """Per row, the factor that measures an output of a backward record against the record's
+    largest output when it is below :data:`error_model.CANCEL_RATIO` of it (a bias gradient that is
+    ~0 by cancellation: a key-projection bias under softmax, a conv bias before BatchNorm, beside
+    the weight and input gradients of the same op); 1 elsewhere."""
+    out = is_out.to_numpy()
+    rid = r["rid"].to_numpy()
+    b = backward.reindex(rid).fillna(False).to_numpy(dtype=bool) & out
+    if not b.any():
+        return np.ones(len(rid))
+    big = r.assign(n=np.where(b, norm, np.nan)).groupby("rid")["n"].max().reindex(rid).to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = norm / big
+    small = b & np.isfinite(ratio) & (ratio < error_model.CANCEL_RATIO)
+    return np.where(small, ratio, 1.0)
+
+
+def _against_inputs(r: Any, agg: np.ndarray, norm: np.ndarray, is_in: Any, is_out: Any,
+                    cancelling: Any) -> np.ndarray:
+    """The aggregate error of the outputs of ``cancelling`` records measured against the largest
+    norm that went into the record when that is larger than the output's own norm (an output ~0
+    by cancellation, like a conv bias gradient after BatchNorm, is judged against its inputs)."""
+    rid = r["rid"].to_numpy()
+    in_norm = (r.assign(n=np.where(is_in.to_numpy(), norm, np.nan)).groupby("rid")["n"].max())
+    canc = cancelling.reindex(rid).fillna(False).to_numpy(dtype=bool) & is_out.to_numpy()
+    if not canc.any():
+        return agg
+    ref = in_norm.reindex(rid).to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.where(canc & (ref > norm), norm / ref, 1.0)
+    return np.where(canc & np.isfinite(factor), agg * factor, agg)
 
 
 def _in_subtree(module: str, parent: str) -> bool:
