@@ -16,8 +16,12 @@ output is measured against it, in ulps of the output dtype (``torch.finfo(dtype)
 * not replayable (random ops, ops with side effects, a tensor or argument the dump does not
   hold, an op this torch does not have): "cannot replay: <why>", the statistics verdict stands.
 
-The root cause becomes the earliest suspect that is not cleared. At most ``limit`` suspects are
-replayed per comparison (earliest first); nothing is unpickled (tensors come from safetensors),
+At most ``limit`` ops are replayed per comparison: the suspects (earliest first), then, with what
+is left, the strongest sub-threshold ops (amplification >= :data:`CANDIDATE_MIN`, highest first:
+a x1.05 fault in a bf16 matmul scores ~5, below the threshold); a candidate replay confirms is
+promoted to a suspect. The root cause becomes the earliest suspect that is not cleared, and the
+``error`` output rows of every cleared op become ``warning`` (:func:`clear_rows`) so that the
+verdicts, the summary and the exit code agree. Nothing is unpickled (tensors come from safetensors),
 nothing runs on an accelerator, and op names resolve only inside allow-listed torch namespaces
 (:func:`.replay_ops.resolve`).
 """
