@@ -161,11 +161,12 @@ def compare(
         for info, sus in zip(per_pair, pair_sus):
             info.update(root_cause=sus[0].name if sus else None, root_cause_index=sus[0].index if sus else None,
                         suspects=len(sus))
-    if replay and mode == "tensor" and any(pair_sus):  # confirm or clear each suspect by replaying it
+    if replay and mode == "tensor":  # confirm or clear each suspect (and strong sub-threshold op) by replaying it
         from . import replay_judge
 
         pair_sus = replay_judge.judge_suspects(dev.path, pair_sus, per_pair, limit=replay,
-                                               tolerance_dtype=tolerance_dtype)
+                                               tolerance_dtype=tolerance_dtype, rows=rows, threshold=threshold)
+        replay_judge.clear_rows(rows, per_pair)  # a cleared op's error rows: warnings (error from upstream)
     suspects = [x for sus in pair_sus for x in sus]
     integrity.agree_with_suspects(rows, suspects)
 
