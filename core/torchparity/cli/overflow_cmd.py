@@ -251,7 +251,8 @@ def overflow(ctx: click.Context, dump: str, output: str, step: int | None, rank:
     if report["sites"]:
         console.print(f"Creation sites of NaN/Inf ({len(report['sites'])}; harmful first):")
     for site in report["sites"][:SITE_LINES]:
-        tag = "[red]harmful[/] " if site["finding"] else ("[yellow]entered[/] " if site["site"] == "entered" else "info    ")
+        tag = ("[yellow]entered[/] " if site["site"] == "entered" else
+               "[red]harmful[/] " if site["finding"] else "info    ")
         where = site["module"] or "(top level)"
         console.print(f"  {tag} step {site['step']} rank {site['rank']}: {site['name']} ({site['op']}) in "
                       f"{escape(where)} {escape('[' + site['phase'] + ']')}"
