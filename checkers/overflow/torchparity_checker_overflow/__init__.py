@@ -29,6 +29,15 @@ scalar argument (``masked_fill(causal_mask, -inf)``) and the ops that only carry
 ``None`` (option ``by_design``). A NaN scalar argument is no such intent: ``x * nan`` and
 ``fill_(nan)`` create the NaN and are blamed (the rule NanInfTracker follows).
 
+**Absorbed or harmful** (the rule of the online NaN/Inf tracker, :mod:`torchparity.naninf_rule`,
+applied by :mod:`.lineage` on the producer links): a creation site (``critical`` by the rule
+above, or an op writing a NaN scalar such as ``out[..., 3] = nan``) is a finding only when its
+NaN/Inf reaches a sink (a gradient, a parameter or optimizer state, the loss or code outside any
+module, the model's output). One whose NaN/Inf is absorbed (T5's ``log(0)`` in the relative
+position bucket, cast to integers) gets level ``None``, ``site = "absorbed"`` and a reason saying
+so, and so do the records that only carry its values on. Column ``site`` says ``harmful``,
+``absorbed`` or ``entered`` (a non-finite tensor that no op of the step produced reached a sink).
+
 Uninitialised memory is never judged: ``empty``-like ops, and the overwritten ``self`` input of
 ``fill_``/``zero_``/``copy_``/random in-place ops.
 """
@@ -40,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from torchparity import hookimpl
 from torchparity.errors import UsageError
+from torchparity.naninf_rule import ABSORBED, ABSORBED_REASON, ENTERED, HARMFUL
 from torchparity.plugin_types import CheckContext, Checker
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -159,11 +169,13 @@ class OverflowChecker(Checker):
         missing = required - set(frame.columns)
         if missing:
             raise UsageError(f"overflow: the dump table lacks column(s) {', '.join(sorted(missing))}; is it a torchparity.load_dump() frame?")
-        out_cols = ["step", "rank", "record_id", "name", "op", "module", "phase", "level", "reason", "amp_skipped", "stack"]
+        out_cols = ["step", "rank", "record_id", "name", "op", "module", "phase", "level", "reason", "amp_skipped", "stack",
+                    "site"]
         if frame.empty:
             return pd.DataFrame(columns=out_cols)
         f = frame.copy()
-        for col, default in (("step", 0), ("rank", 0), ("name", ""), ("module", ""), ("phase", "forward"), ("arg", ""), ("stack", None)):
+        for col, default in (("step", 0), ("rank", 0), ("name", ""), ("module", ""), ("phase", "forward"), ("arg", ""),
+                             ("stack", None), ("module_class", None)):
             if col not in f.columns:
                 f[col] = default
         sat_dtypes = frozenset(ctx.extra.get("saturation_dtypes", ()) or ())
@@ -181,13 +193,16 @@ class OverflowChecker(Checker):
             "in_n": (judged & is_in).astype(int), "out_n": (judged & is_out).astype(int),
             "in_norm": flags["norm"].where(judged & is_in & ~flags["bad"]),
             "out_norm": flags["norm"].where(judged & is_out & ~flags["bad"]),
+            "in_amax": flags["absmax"].where(judged & is_in & ~flags["bad"]),
+            "out_amax": flags["absmax"].where(judged & is_out & ~flags["bad"]),
             "ignored": ignored_op,
         })
         keys = ["step", "rank", "record_id"]
         g = t.groupby(keys, sort=False, dropna=False)
         agg = g.agg(in_bad=("in_bad", "any"), out_bad=("out_bad", "any"), out_nf=("out_nf", "any"),
                     out_sat=("out_sat", "any"), in_n=("in_n", "sum"), out_n=("out_n", "sum"),
-                    in_norm=("in_norm", "max"), out_norm=("out_norm", "max"), ignored=("ignored", "any"))
+                    in_norm=("in_norm", "max"), out_norm=("out_norm", "max"), in_amax=("in_amax", "max"),
+                    out_amax=("out_amax", "max"), ignored=("ignored", "any"))
         first = f.groupby(keys, sort=False, dropna=False)[["name", "op", "module", "phase", "stack"]].first()
         rec = agg.join(first).reset_index()
 
@@ -195,6 +210,11 @@ class OverflowChecker(Checker):
         critical = rec["out_bad"] & ~rec["in_bad"]
         high_prop = rec["out_bad"] & rec["in_bad"]
         ratio = rec["out_norm"] / np.maximum(rec["in_norm"].fillna(0.0), o.norm_floor)
+        # a norm of finite values near the dtype's limit overflows when accumulated (a
+        # where(mask, 0, finfo.min) mask): compare the largest magnitudes instead
+        big = np.isinf(rec["out_norm"].to_numpy(dtype="float64", na_value=np.nan))
+        amax_ratio = rec["out_amax"] / np.maximum(rec["in_amax"].fillna(0.0), o.norm_floor)
+        ratio = ratio.where(~big, amax_ratio)
         explode = ~rec["out_bad"] & ~rec["in_bad"] & rec["in_norm"].notna() & (ratio > o.norm_ratio)
         medium = rec["in_bad"] & ~rec["out_bad"]
         level = np.select([critical, high_prop | explode, medium], ["critical", "high", "medium"], default=None)
@@ -213,6 +233,7 @@ class OverflowChecker(Checker):
             default="",
         )
         rec["reason"] = pd.Series(reason, index=rec.index).where(rec["level"].notna(), "")
+        design: set[tuple[Any, Any, Any]] = set()
         if o.by_design:
             design = self.by_design_records(f, flags, judged & is_in, rec)
             if design:
@@ -220,6 +241,7 @@ class OverflowChecker(Checker):
                 hit &= rec["level"].notna()
                 rec.loc[hit, "reason"] = BY_DESIGN_REASON
                 rec.loc[hit, "level"] = None
+        self._apply_lineage(f, flags, judged, design, rec)
         rec["amp_skipped"] = False
         if o.amp_aware:
             skipped = self.gradscaler_skipped_steps(f, flags)
@@ -231,6 +253,48 @@ class OverflowChecker(Checker):
                 rec.loc[hit, "level"] = None
                 rec.loc[in_skipped & grad_side, "amp_skipped"] = True
         return rec[out_cols]
+
+    def _apply_lineage(self, f: pd.DataFrame, flags: pd.DataFrame, judged: pd.Series, design: set[tuple[Any, Any, Any]],
+                       rec: pd.DataFrame) -> None:
+        """Creation sites harmful or absorbed (see :mod:`.lineage`): fills ``rec["site"]`` and
+        moves absorbed sites, and records carrying only absorbed sites' values, to level None."""
+        import pandas as pd
+
+        from .lineage import trace
+
+        rec["site"] = None
+        status = trace(f, flags["bad"], judged, design)
+        if not status:
+            return
+        keys = list(zip(rec["step"], rec["rank"], rec["record_id"]))
+        absorbed = {k for k, st in status.items() if st.status == ABSORBED}
+        names = dict(zip(keys, rec["name"]))
+        level, reason, site = rec["level"].tolist(), rec["reason"].tolist(), [None] * len(rec)
+        for i, k in enumerate(keys):
+            st = status.get(k)
+            if st is None:
+                continue
+            if st.status == HARMFUL:
+                site[i], level[i] = HARMFUL, "critical"
+                if not reason[i] or not reason[i].startswith("finite inputs"):
+                    reason[i] = ("a NaN scalar argument (x * nan, fill_(nan), out[...] = nan) made its output NaN: "
+                                 "this op created the NaN")
+                if st.possible:
+                    reason[i] += (" (possibly harmful: a NaN/Inf whose origin the dump's producer links do not show "
+                                  "reached a gradient, parameter, the loss or the output)")
+            elif st.status == ABSORBED:
+                site[i], level[i], reason[i] = ABSORBED, None, ABSORBED_REASON
+            elif st.status == ENTERED:
+                site[i] = ENTERED
+                reason[i] = ("read a NaN/Inf that no op of this step produced (a parameter, a batch, a value from an "
+                             "earlier step), and it reached a gradient, parameter, the loss or the output")
+            elif level[i] is not None and st.carries and st.carries <= absorbed and not st.unknown:
+                first = min(st.carries, key=lambda x: x[2])
+                level[i] = None
+                reason[i] = f"carries the NaN/Inf of absorbed site {names.get(first, first)} (information)"
+        rec["level"] = pd.Series(level, index=rec.index, dtype="object")
+        rec["reason"] = reason
+        rec["site"] = pd.Series(site, index=rec.index, dtype="object")
 
     def by_design_records(self, f: pd.DataFrame, flags: pd.DataFrame, judged_in: pd.Series,
                           rec: pd.DataFrame) -> set[tuple[Any, Any, Any]]:

@@ -9,6 +9,11 @@ Backward: for an out-of-place call whose inputs require grad, :mod:`.grad_captur
 autograd nodes the call created, so the op's backward record holds exactly this op's gradients
 (its VJP: grad outputs as inputs, grad inputs as outputs), not the total gradient of a tensor used
 in several places. Only hooks that read are added: the model's results stay bitwise identical.
+
+Uninitialised memory: the results of ``torch.empty*`` / ``Tensor.new_empty*`` and every later read
+of their storage before a write (MoE routers: ``inv = torch.empty_like(perm); inv[perm] = ...``)
+are described, never measured, exactly as at the aten level (the same :class:`.uninit.UninitStorages`
+bookkeeping, no extra device work); the record says why in ``flags["unmeasured"]``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..records import OpRecord
-from .aten_mode import _ALL_OUTPUTS, _OUT_ARG, _OVERWRITING, _UNINITIALIZED_RESULT
+from .aten_mode import (_ALL_OUTPUTS, _OVERWRITING, _UNINITIALIZED_RESULT, _WHY_OUT, _WHY_OVERWRITTEN,
+                         _WHY_UNINIT)
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
 from .module_tracker import tag_graph
 from .session import CaptureSession, flat_args, flat_outputs, tool_is_busy
@@ -62,12 +68,16 @@ def classify(func: Any) -> tuple[str, str, str] | None:
     return "Torch", name, f"torch.{name}"
 
 
-def _overwritten(flat: list[tuple[str, Any]]) -> frozenset[str]:
+_NO_VALUE_OUT = {"out": _WHY_OUT}
+_NO_VALUE_RESULT = dict.fromkeys(_ALL_OUTPUTS, _WHY_UNINIT)
+
+
+def _overwritten(flat: list[tuple[str, Any]]) -> dict[str, str]:
     """The destination of an op that overwrites it (its first tensor argument, whatever its name)."""
     for arg, v in flat:
         if isinstance(v, torch.Tensor):
-            return frozenset({arg, "out"})
-    return _OUT_ARG
+            return {arg: _WHY_OVERWRITTEN, "out": _WHY_OUT}
+    return _NO_VALUE_OUT
 
 
 @functools.lru_cache(maxsize=4096)
@@ -75,14 +85,40 @@ def _cached_classify(func: Any) -> tuple[str, str, str] | None:
     return classify(func)
 
 
+#: names that end like an in-place method but write no values (metadata, autograd flags)
+_NOT_WRITING = frozenset({"requires_grad_", "detach_", "share_memory_", "rename_", "refine_names_"})
+#: dunders that start like ``__iadd__`` but do not write
+_NOT_INPLACE_DUNDER = frozenset({"__index__", "__int__", "__invert__", "__iter__"})
+
+
 def _is_inplace_call(base: str, kwargs: dict) -> bool:
-    return (base.endswith("_") and not base.endswith("__")) or base.startswith("__i") or base == "__setitem__" or "out" in kwargs
+    if base.endswith("_") and not base.endswith("__"):
+        return base not in _NOT_WRITING
+    return (base.startswith("__i") and base not in _NOT_INPLACE_DUNDER) or base == "__setitem__" or "out" in kwargs
 
 
-def _writes(func: Any, kwargs: dict) -> bool:
-    """Whether a call may write into its tensor arguments (conservatively: by its name)."""
-    name = getattr(func, "__name__", "") or ""
-    return _is_inplace_call(name, kwargs)
+def _writes(name: str, kwargs: dict) -> bool:
+    """Whether a call may write into its tensor arguments (conservatively: by its name, ``out=``
+    and ``inplace=True``)."""
+    return _is_inplace_call(name, kwargs) or kwargs.get("inplace") is True
+
+
+def _destinations(args: tuple, kwargs: dict) -> list[Any]:
+    """What a writing call writes: its first tensor (or tensor list) argument, and ``out=``."""
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+            break
+        if isinstance(a, (list, tuple)) and a and all(isinstance(x, torch.Tensor) for x in a):
+            out.extend(a)
+            break
+    dst = kwargs.get("out")
+    if isinstance(dst, torch.Tensor):
+        out.append(dst)
+    elif isinstance(dst, (list, tuple)):
+        out.extend(x for x in dst if isinstance(x, torch.Tensor))
+    return out
 
 
 def _tensors_of(args: tuple, kwargs: dict) -> list[Any]:
@@ -148,13 +184,13 @@ class ApiCaptureMode(TorchFunctionMode):
         if s.options.backward and phase == "forward" and torch.is_grad_enabled() and not _is_inplace_call(name.split(".")[1], kwargs):
             grad_inputs = [(str(i), a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
         if not grad_inputs:
-            return func(*args, **kwargs)
+            return self._run(func, args, kwargs)
         s.busy = True
         try:
             seq0 = next_sequence_nr()
         finally:
             s.busy = False
-        out = func(*args, **kwargs)
+        out = self._run(func, args, kwargs)
         s.busy = True
         try:
             watch = watch_call(grad_inputs, flat_outputs(out), seq0, self._emit_backward,
@@ -171,27 +207,52 @@ class ApiCaptureMode(TorchFunctionMode):
         s = self.session
         if s.busy or tool_is_busy():
             return func(*args, **kwargs)
-        if s.reuse_stats and _writes(func, kwargs):
-            out = self._dispatch(func, args, kwargs)
-            s.note_writes(_tensors_of(args, kwargs))
-            return out
         return self._dispatch(func, args, kwargs)
+
+    def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Call ``func``, then note what it wrote (statistics measured before are stale) and what
+        it did to uninitialised memory: ``empty*`` results are marked, the destination of a write
+        and fresh results are unmarked (see :meth:`.uninit.UninitStorages.after_call`). Cheap when
+        the call writes nothing and no storage is marked: one name lookup."""
+        s = self.session
+        u = s.uninit
+        name = getattr(func, "__name__", None) or ""
+        writes = _writes(name, kwargs)
+        factory = name in _UNINITIALIZED_RESULT
+        if not (writes or factory or u):
+            return func(*args, **kwargs)
+        tensors = _tensors_of(args, kwargs)
+        reuse = writes and s.reuse_stats
+        held = u.held(tensors) if reuse else []
+        out = func(*args, **kwargs)
+        prev, s.busy = s.busy, True
+        try:
+            if reuse:
+                # every tensor argument may have been written (by name we cannot tell which):
+                # statistics are invalidated for all, but only the destination holds values now
+                s.note_writes(tensors)
+                u.restore(held)
+            u.after_call(factory, [v for _, v in flat_outputs(out)],
+                         written=_destinations(args, kwargs) if writes else (), inputs=tensors)
+        finally:
+            s.busy = prev
+        return out
 
     def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         s = self.session
         if not s.enabled_step:
-            return func(*args, **kwargs)
+            return self._run(func, args, kwargs)
         try:
             info = _cached_classify(func)
         except TypeError:  # unhashable callable
             info = classify(func)
         if info is None:
-            return func(*args, **kwargs)
+            return self._run(func, args, kwargs)
         prefix, base, op = info
         phase = s.phase()
         module, module_class, fwd, _ = s.module_info()
         if self.tag_only or not s.wants(base, op, phase, module):
-            out = func(*args, **kwargs)
+            out = self._run(func, args, kwargs)
             if phase in ("forward", "recompute") and torch.is_grad_enabled():
                 tag_graph(out, {"module": module, "module_class": module_class, "fwd": None, "node": f"{prefix}.{base}"})
             return out
@@ -202,8 +263,10 @@ class ApiCaptureMode(TorchFunctionMode):
         flat = flat_args(args, kwargs)
         s.busy = True
         try:
+            unmeasured: dict[str, str] = {}
             rec.tensors = s.describe(flat, "input", rec.id, link=True,
-                                     no_values=_overwritten(flat) if base in _OVERWRITING else _OUT_ARG)
+                                     no_values=_overwritten(flat) if base in _OVERWRITING else _NO_VALUE_OUT,
+                                     unmeasured=unmeasured)
             grad_inputs = []
             if (s.options.backward and phase == "forward" and torch.is_grad_enabled()
                     and not _is_inplace_call(base, kwargs)):
@@ -214,16 +277,19 @@ class ApiCaptureMode(TorchFunctionMode):
         if prefix == "Distributed":
             s.api_collective_depth += 1  # the aten-level c10d op inside is the same collective
             try:
-                out = func(*args, **kwargs)
+                out = self._run(func, args, kwargs)
             finally:
                 s.api_collective_depth -= 1
         else:
-            out = func(*args, **kwargs)
+            out = self._run(func, args, kwargs)
         s.busy = True
         try:
             outs = flat_outputs(out)
             rec.tensors += s.describe(outs, "output", rec.id, link=False,
-                                      no_values=_ALL_OUTPUTS if base in _UNINITIALIZED_RESULT else frozenset())
+                                      no_values=_NO_VALUE_RESULT if base in _UNINITIALIZED_RESULT else {},
+                                      unmeasured=unmeasured)
+            if unmeasured:
+                rec.flags["unmeasured"] = unmeasured
             s.note_outputs(rec.id, outs)
             s.commit(rec)
             if seq0 is not None:

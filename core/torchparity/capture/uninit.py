@@ -7,6 +7,10 @@ the storage of every result of an uninitialised factory and unmarks it at the fi
 it (any in-place or ``out=`` write) or that returns a new tensor in the same memory (the allocator
 reused the block); until then every tensor on that storage is described but not measured.
 
+The API-level capture (levels ``api`` and ``mix``) keeps the same set with :meth:`UninitStorages.after_call`:
+it sees ``torch.empty_like`` and ``inv[perm] = ...`` as the user wrote them, but not which calls
+return views, so a result counts as fresh memory only when its storage is none of the call's inputs'.
+
 Cheap: one set of storage addresses, empty in most programs; the per-op work is skipped while it
 is empty.
 """
@@ -53,6 +57,46 @@ class UninitStorages:
         for t in tensors:
             if isinstance(t, torch.Tensor):
                 self._ptrs.discard(storage_ptr(t))
+
+    def after_call(self, factory: bool, outputs: Iterable[Any], written: Iterable[Any] = (),
+                   inputs: Iterable[Any] | None = None) -> None:
+        """Bookkeeping after one op or API call returned (the one rule both capture levels follow).
+
+        ``factory``: the call was ``empty*``, its results are uninitialised. Otherwise the
+        tensors in ``written`` were written (in-place, ``out=``, index assignment) and every result
+        that is fresh memory now holds values. With ``inputs`` (API level, where views are not
+        known from a schema) a result on the storage of one of the inputs is a view or the
+        written input itself, not fresh memory; without it every result is fresh (the aten caller
+        leaves views out). Nothing is done while no storage is marked.
+        """
+        if factory:
+            self.mark(outputs)
+            return
+        if not self._ptrs:
+            return
+        self.written(written)
+        if inputs is None:
+            self.written(outputs)
+            return
+        outs = [o for o in outputs if isinstance(o, torch.Tensor)]
+        if not outs:
+            return
+        shared = {storage_ptr(t) for t in inputs if isinstance(t, torch.Tensor)}
+        for o in outs:
+            p = storage_ptr(o)
+            if p not in shared:
+                self._ptrs.discard(p)
+
+    def held(self, tensors: Iterable[Any]) -> list[int]:
+        """The storages among ``tensors`` that are marked now (to :meth:`restore` after a
+        conservative :meth:`written` over arguments that were only read)."""
+        if not self._ptrs:
+            return []
+        return [p for p in (storage_ptr(t) for t in tensors if isinstance(t, torch.Tensor)) if p in self._ptrs]
+
+    def restore(self, ptrs: Iterable[int]) -> None:
+        """Mark again storages returned by :meth:`held`."""
+        self._ptrs.update(ptrs)
 
     def holds(self, t: torch.Tensor) -> bool:
         """True if ``t`` lives on a storage that no op has written since an ``empty*`` made it."""

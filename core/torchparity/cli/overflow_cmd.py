@@ -1,11 +1,14 @@
-"""``torchparity overflow DUMP``: the first op that produced NaN/Inf, per rank and step.
+"""``torchparity overflow DUMP``: the first op that produced a harmful NaN/Inf, per rank and step.
 
 Works on one dump, no benchmark and no device needed. Uses the ``overflow`` checker plugin
-(``torchparity-checker-overflow``) on :func:`torchparity.load_dump`'s table, prints the first
-critical op of each (step, rank) with its module path and call stack, lists steps that
-GradScaler skipped (not blamed on an op), and writes the same as ``OUT/overflow.json``.
+(``torchparity-checker-overflow``) on :func:`torchparity.load_dump`'s table. The rule is the
+online tracker's (:mod:`torchparity.naninf_rule`): every creation site of a step is listed, the
+harmful ones (their NaN/Inf reached a gradient, a parameter, optimizer state, the loss or the
+model's output) on top with module path and call stack, the absorbed ones (a mask's ``-inf``,
+``log(0)`` clamped away) as information. Steps that GradScaler skipped are listed, not blamed.
+The same is written to ``OUT/overflow.json``.
 
-Exit codes: 0 no critical op, 1 a critical op was found, 2 bad input.
+Exit codes: 0 no harmful NaN/Inf, 1 one was found, 2 bad input.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ def analyse(dump: str | Path, step: int | None = None, rank: int | None = None, 
 
     from .. import load_dump
     from ..errors import DumpError, UsageError
+    from ..naninf_rule import ABSORBED, ENTERED, HARMFUL, site_order
     from ..plugin_types import CheckContext
 
     path = Path(dump)
@@ -137,16 +141,38 @@ def analyse(dump: str | Path, step: int | None = None, rank: int | None = None, 
         return _stack_frames(row["stack"], stack_cache[key])
 
     counts = {lvl: int((result["level"] == lvl).sum()) for lvl in ("critical", "high", "medium")}
+
+    def described(row: Any, with_stack: bool) -> dict[str, Any]:
+        d = {"step": int(row["step"]), "rank": int(row["rank"]), "record_id": int(row["record_id"]),
+             "name": row["name"], "op": row["op"], "module": row["module"] or "", "phase": row["phase"],
+             "site": row["site"], "reason": row["reason"]}
+        if with_stack:
+            d["stack"] = frames_for(row)
+        return d
+
+    site_col = result["site"] if "site" in result.columns else pd.Series(None, index=result.index, dtype=object)
+    # a finding: a harmful creation site still judged critical (not a GradScaler-skipped step), or
+    # else a NaN/Inf that entered the step from outside and reached a sink
+    finding = ((site_col == HARMFUL) & (result["level"] == "critical")) | ((site_col == ENTERED) & result["level"].notna())
+    if "site" not in result.columns:  # a checker without lineage: its critical ops
+        finding = result["level"] == "critical"
     first: list[dict[str, Any]] = []
-    crit = result[result["level"] == "critical"]
-    if not crit.empty:
-        crit = crit.sort_values(["step", "rank", "record_id"], kind="stable")
-        for _, row in crit.groupby(["step", "rank"], sort=True).head(1).iterrows():
-            first.append({
-                "step": int(row["step"]), "rank": int(row["rank"]), "record_id": int(row["record_id"]),
-                "name": row["name"], "op": row["op"], "module": row["module"] or "", "phase": row["phase"],
-                "reason": row["reason"], "stack": frames_for(row),
-            })
+    hits = result[finding].copy()
+    if not hits.empty:
+        hits["_order"] = [site_order(str(x), int(r)) for x, r in zip(hits["site"] if "site" in hits else [HARMFUL] * len(hits),
+                                                                       hits["record_id"])]
+        hits = hits.sort_values(["step", "rank", "_order"], kind="stable")
+        for _, row in hits.groupby(["step", "rank"], sort=True).head(1).iterrows():
+            first.append(described(row, True))
+    sites: list[dict[str, Any]] = []
+    listed = result[site_col.notna()].copy()
+    if not listed.empty:
+        listed["_order"] = [site_order(str(x) if f else ABSORBED, int(r))
+                            for x, f, r in zip(listed["site"], finding[listed.index], listed["record_id"])]
+        for _, row in listed.sort_values(["step", "rank", "_order"], kind="stable").iterrows():
+            d = described(row, False)
+            d["finding"] = bool(finding[row.name])
+            sites.append(d)
     skipped = result[result["amp_skipped"].astype(bool)]
     amp = sorted({(int(s), int(r)) for s, r in zip(skipped["step"], skipped["rank"])})
     per_step = []
@@ -155,7 +181,7 @@ def analyse(dump: str | Path, step: int | None = None, rank: int | None = None, 
                          **{lvl: int((grp["level"] == lvl).sum()) for lvl in ("critical", "high", "medium")}})
     return _jsonable({
         "dump": str(path), "step": step, "rank": rank, "saturation_dtypes": sat,
-        "records": int(len(result)), "counts": counts, "first_critical": first,
+        "records": int(len(result)), "counts": counts, "first_critical": first, "sites": sites,
         "gradscaler_skipped": [{"step": s, "rank": r, "reason": "skipped by GradScaler (found_inf); not blamed on an op"} for s, r in amp],
         "per_step": per_step, "warnings": warnings,
     })
@@ -163,6 +189,8 @@ def analyse(dump: str | Path, step: int | None = None, rank: int | None = None, 
 
 #: stack frames printed per critical op (overflow.json has all of them)
 STACK_LINES = 6
+#: creation sites printed (overflow.json lists all)
+SITE_LINES = 20
 
 
 @click.command("overflow")
@@ -174,15 +202,18 @@ STACK_LINES = 6
 @click.option("--rank", type=INDEX, default=None, help="Only this rank.")
 @click.pass_context
 def overflow(ctx: click.Context, dump: str, output: str, step: int | None, rank: int | None) -> int:
-    """Find the op where NaN/Inf (or fp16/bf16 saturation) first appeared, per rank and step.
+    """Find the op that created a harmful NaN/Inf (or fp16/bf16 saturation), per rank and step.
 
     \b
     Levels: critical = finite inputs, non-finite output (the culprit);
             high     = non-finite in and out, or output norm exploding;
             medium   = non-finite inputs, finite output.
+    Every creation site is listed: harmful (its NaN/Inf reached a gradient, a
+    parameter, optimizer state, the loss or the model's output) first, absorbed
+    ones (a mask's -inf, log(0) clamped away) as information, never a finding.
     Steps that GradScaler skipped (found_inf) are reported, not blamed.
     Values written on purpose (masked_fill(mask, -inf), finfo.min masks) are not overflow.
-    Exit code 1 when a critical op is found, 0 when clean, 2 on bad input.
+    Exit code 1 when a harmful NaN/Inf is found, 0 when clean, 2 on bad input.
 
     \b
     Example (a statistics dump is enough; no benchmark needed):
@@ -205,9 +236,10 @@ def overflow(ctx: click.Context, dump: str, output: str, step: int | None, rank:
         console.print(f"[yellow]warning:[/] {w}")
     c = report["counts"]
     if report["first_critical"]:
-        console.print(f"[bold]First critical op per step and rank[/] ({report['dump']}):")
+        console.print(f"[bold]First harmful NaN/Inf per step and rank[/] ({report['dump']}):")
     for f in report["first_critical"]:
-        console.print(f"[red]critical[/] step {f['step']} rank {f['rank']}: [bold]{f['name']}[/] ({f['op']}) "
+        what = "critical" if f.get("site") != "entered" else "entered"
+        console.print(f"[red]{what}[/] step {f['step']} rank {f['rank']}: [bold]{f['name']}[/] ({f['op']}) "
                       f"in module [bold]{escape(f['module'] or '(top level)')}[/] {escape('[' + f['phase'] + ']')}", highlight=False)
         console.print(f"    {escape(f['reason'])}", highlight=False)
         if f["stack"]:
@@ -216,11 +248,23 @@ def overflow(ctx: click.Context, dump: str, output: str, step: int | None, rank:
                 console.print(f"      {escape(frame)}", highlight=False, soft_wrap=True)
         else:
             console.print("    (no stack recorded: dump with stack=True)", highlight=False)
+    if report["sites"]:
+        console.print(f"Creation sites of NaN/Inf ({len(report['sites'])}; harmful first):")
+    for site in report["sites"][:SITE_LINES]:
+        tag = ("[yellow]entered[/] " if site["site"] == "entered" else
+               "[red]harmful[/] " if site["finding"] else "info    ")
+        where = site["module"] or "(top level)"
+        console.print(f"  {tag} step {site['step']} rank {site['rank']}: {site['name']} ({site['op']}) in "
+                      f"{escape(where)} {escape('[' + site['phase'] + ']')}"
+                      + ("" if site["finding"] or site["site"] != "absorbed" else ": absorbed (information)"),
+                      highlight=False)
+    if len(report["sites"]) > SITE_LINES:
+        console.print(f"  ... {len(report['sites']) - SITE_LINES} more in {out_file}", highlight=False)
     for s in report["gradscaler_skipped"]:
         console.print(f"step {s['step']} rank {s['rank']}: {s['reason']}")
     console.print(f"{report['records']} op records: {c['critical']} critical, {c['high']} high, {c['medium']} medium. "
                   f"Report: {out_file}")
     if not report["first_critical"]:
-        console.print("[green]no critical overflow found[/]")
+        console.print("[green]no harmful NaN/Inf found[/]")
         return EXIT_OK
     return EXIT_FINDINGS
