@@ -33,6 +33,7 @@ PASSING = [
     ("llama-eager", "fault-fwd-mm-x2"),
     ("llama-eager", "fault-softmax-x1.05"),
     ("llama-eager", "online-bf16"),
+    ("llama-eager", "bf16-vs-fp32-aten"),
     ("llama-sdpa", "naninf-dispatch"),
     ("gpt2", "fault-bwd-mm-x2-extra-op"),
     ("bert", "fault-fwd-mm-x1.05-fp16"),
@@ -45,10 +46,7 @@ PASSING = [
     ("gpt2", "fault-fwd-mm-x1.05"),
 ]
 
-KNOWN_FAILING = {
-    ("llama-eager", "bf16-vs-fp32-aten"): "a clean bf16 run vs fp32: the root cause is a cast "
-                                          "(_to_copy backward in an RMSNorm), the matcher pairs the wrong calls",
-}
+KNOWN_FAILING: dict[tuple[str, str], str] = {}
 
 
 def _fp16_ok() -> bool:
