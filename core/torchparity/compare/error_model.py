@@ -167,6 +167,20 @@ def stat_channels(rows: Any) -> tuple[np.ndarray, np.ndarray]:
     return agg, ext_e
 
 
+_INTEGER_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"})
+
+
+def integer_rows(rows: Any) -> np.ndarray:
+    """Per row: the tensor is of an integer (or bool) dtype on the device side (an index, a mask)."""
+    if "device_dtype" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    import pandas as pd
+
+    codes, uniq = pd.factorize(rows["device_dtype"].to_numpy(dtype=object), use_na_sentinel=False)
+    vals = np.array([isinstance(u, str) and u in _INTEGER_DTYPES for u in uniq] + [False], dtype=bool)
+    return vals[codes] if len(codes) else np.zeros(0, dtype=bool)
+
+
 def cancel_scale(rows: Any) -> np.ndarray:
     """Per row, the bench norm of the tensor (NaN where unknown): the magnitude a ``cancelling``
     op's output error is measured against when it is larger than the output's own norm."""

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..results import Suspect
-from . import error_model
+from . import error_model, grad_sinks
 
 #: relative tolerances by dtype (torch.testing defaults); the floor is FLOOR_FACTOR times this.
 DTYPE_RTOL = {
@@ -159,6 +159,12 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     # through the data flow on its own
     agg_row, ext_row = error_model.stat_channels(rows)
     fam = error_model.op_families(recs["op"].to_numpy(dtype=object))
+    # a record with a differing integer output (expert indices out of a MoE router module, the
+    # indices of a max) made a discrete choice: a selection, whatever its name
+    int_out = error_model.integer_rows(rows)[dev] & is_out.to_numpy() & (np.nan_to_num(r["err"].to_numpy(), nan=0.0) > 0)
+    if int_out.any():
+        chose = r.assign(c=int_out).groupby("rid")["c"].any().reindex(rec_ids).fillna(False).to_numpy(dtype=bool)
+        fam = np.where(chose & (fam != "cast"), "selection", fam)
     if "phase" in recs:  # every optimizer update divides by a data-dependent denominator
         fam = np.where((recs["phase"].to_numpy(dtype=object) == "optimizer") & (fam != "cast"), "ill_conditioned", fam)
     nf_out = (r.assign(nf=rows["nonfinite_mismatch"].fillna(False).to_numpy(dtype=bool)[dev])[is_out]
@@ -180,8 +186,17 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         bwd = pd.Series(recs["phase"].to_numpy(dtype=object) == "backward", index=rec_ids)
         fac = _cancelled_outputs(r, error_model.cancel_scale(rows)[dev], is_out, bwd)
         agg_row, ext_row = agg_row * fac, ext_row * fac
+    # parameter gradients of a module-level dump: judged against the module's backward (grad_sinks)
+    sink = grad_sinks.judged_sinks(recs, grad_only)
+    if sink.any():
+        fac = grad_sinks.sibling_factor(r, error_model.cancel_scale(rows)[dev], is_out,
+                                        pd.Series(sink, index=rec_ids), recs["module"])
+        agg_row, ext_row = agg_row * fac, ext_row * fac
     o_agg, i_agg, _ = _flow(r, agg_row, is_in, is_out, rec_ids, fwd)
     o_ext, i_ext, _ = _flow(r, ext_row, is_in, is_out, rec_ids, fwd)
+    if sink.any():  # a gradient is a reduction over the batch: its norm channel only, like a cancelling op
+        i_err, i_agg, i_ext = grad_sinks.inherit(recs, sink, i_err, i_agg, i_ext)
+        cancelling = cancelling | sink
     floor = r.groupby("rid")["floor"].max().reindex(rec_ids).to_numpy()
     args_differ = recs["args_differ"].to_numpy(dtype=bool) if "args_differ" in recs else np.zeros(len(rec_ids), bool)
     with np.errstate(divide="ignore", invalid="ignore"):

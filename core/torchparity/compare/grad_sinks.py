@@ -1,0 +1,72 @@
+"""Parameter gradients judged at the module level.
+
+A ``Grad.<module>.<param>`` record holds one parameter's gradient. Where the dump has op-level
+records of that module's backward (api, aten), the ops that computed the gradient are judged
+themselves and the gradient record is a sink: never scored. In a module-level dump no such op
+exists; the module's own backward record computed the gradient from that record's inputs (the
+gradient of its output) and from what its forward saved (the module's inputs), so a gradient
+judged against those is the only place a fault in a weight-gradient kernel can show.
+
+Two rules make that judgement as calm as the op-level one:
+
+* the gradient inherits its input error from the module's backward records (:func:`inherit`);
+* a gradient that is ~0 by cancellation next to a larger gradient of the same module (a conv bias
+  before BatchNorm) is measured against the largest one (:func:`sibling_factor`), as
+  ``rootcause._cancelled_outputs`` does for the outputs of one backward op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import error_model
+
+
+def judged_sinks(recs: Any, grad_only: np.ndarray) -> np.ndarray:
+    """Per record: a parameter-gradient record to be judged here (its module has a module-level
+    backward record and no op-level backward record in this (step, rank))."""
+    if not grad_only.any() or "level" not in recs or "phase" not in recs:
+        return np.zeros(len(recs), dtype=bool)
+    level = recs["level"].to_numpy(dtype=object)
+    phase = recs["phase"].to_numpy(dtype=object)
+    module = recs["module"].astype(str).to_numpy(dtype=object)
+    bwd = (phase == "backward") & ~grad_only
+    by_module = set(module[bwd & (level == "module")].tolist())
+    by_ops = set(module[bwd & (level != "module")].tolist())
+    ok = np.fromiter((m in by_module and m not in by_ops for m in module), dtype=bool, count=len(module))
+    return grad_only & ok
+
+
+def inherit(recs: Any, sink: np.ndarray, *errors: np.ndarray) -> list[np.ndarray]:
+    """Each error array with the ``sink`` records' entries replaced by the largest entry of their
+    module's backward module records (the errors those records read)."""
+    import pandas as pd
+
+    module = recs["module"].astype(str).to_numpy(dtype=object)
+    src = (recs["phase"].to_numpy(dtype=object) == "backward") & (recs["level"].to_numpy(dtype=object) == "module") & ~sink
+    out = []
+    for e in errors:
+        best = pd.Series(np.where(src, e, np.nan)).groupby(module).max()
+        got = best.reindex(module).to_numpy(dtype="float64")
+        out.append(np.where(sink, got, e))
+    return out
+
+
+def sibling_factor(r: Any, norm: np.ndarray, is_out: Any, sink: Any, module_of: Any) -> np.ndarray:
+    """Per row: for the gradient row of a ``sink`` record whose norm is below
+    :data:`error_model.CANCEL_RATIO` of the largest gradient of the same module, the ratio of the
+    two (its error is measured against the larger one); 1 elsewhere."""
+    rid = r["rid"].to_numpy()
+    s = sink.reindex(rid).fillna(False).to_numpy(dtype=bool) & is_out.to_numpy()
+    if not s.any():
+        return np.ones(len(rid))
+    mod = module_of.reindex(rid).astype(str).to_numpy(dtype=object)
+    import pandas as pd
+
+    big = pd.Series(np.where(s, norm, np.nan)).groupby(mod).max().reindex(mod).to_numpy(dtype="float64")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = norm / big
+    small = s & np.isfinite(ratio) & (ratio < error_model.CANCEL_RATIO)
+    return np.where(small, ratio, 1.0)
