@@ -289,6 +289,31 @@ def match_records(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | N
     return out
 
 
+def _shape_hashes(dev_rows: Any, bench_rows: Any) -> tuple[Any, Any]:
+    """Per record (a Series indexed by record id), a 64-bit hash of its tensors' (io, arg, shape),
+    equal on both sides for equal signatures (the text of :func:`_signatures` costs several
+    times more on every record). A collision only pairs by ``call_index``, as before."""
+    import pandas as pd
+
+    from .metrics import factorize_shapes
+
+    n = len(dev_rows)
+    h = np.zeros(n + len(bench_rows), dtype=np.uint64)
+    for c, mult in (("shape", 0x9E3779B97F4A7C15), ("io", 0xC2B2AE3D27D4EB4F), ("arg", 0x165667B19E3779F9)):
+        vals = np.concatenate([dev_rows[c].to_numpy(dtype=object), bench_rows[c].to_numpy(dtype=object)])
+        try:
+            codes = factorize_shapes(vals)[0] if c == "shape" else pd.factorize(vals)[0]
+        except TypeError:  # an unhashable value where a name belongs (a damaged dump)
+            codes = pd.factorize(text_column(pd.Series(vals)).to_numpy(dtype=object))[0]
+        h ^= (codes.astype(np.int64) + 2).astype(np.uint64) * np.uint64(mult)
+        h ^= h >> np.uint64(31)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(29)
+    hd = pd.Series(h[:n]).groupby(dev_rows["record_id"].to_numpy(), sort=False).sum()
+    hb = pd.Series(h[n:]).groupby(bench_rows["record_id"].to_numpy(), sort=False).sum()
+    return hd, hb
+
+
 def _pair_equal_groups(de: Any, be: Any, dev_rows: Any, bench_rows: Any) -> Any:
     """Stage 1: pair the records of (phase, module, op) groups with equal call counts by
     ``call_index``, except where the two sides ran the same calls in another order.
@@ -306,10 +331,9 @@ def _pair_equal_groups(de: Any, be: Any, dev_rows: Any, bench_rows: Any) -> Any:
     ex = de[cols].merge(be[cols], on=["gk", "call_index"], suffixes=("_d", "_b"))
     if not len(ex):
         return ex
-    sig_d = _signatures(dev_rows, ex["record_id_d"])
-    sig_b = _signatures(bench_rows, ex["record_id_b"])
-    sd = ex["record_id_d"].map(sig_d).fillna("").to_numpy(dtype=object)
-    sb = ex["record_id_b"].map(sig_b).fillna("").to_numpy(dtype=object)
+    hd, hb = _shape_hashes(dev_rows, bench_rows)
+    sd = ex["record_id_d"].map(hd).fillna(0).to_numpy(dtype=np.uint64)
+    sb = ex["record_id_b"].map(hb).fillna(0).to_numpy(dtype=np.uint64)
     bad_groups = pd.unique(ex.loc[sd != sb, "gk"])
     if not len(bad_groups):
         return ex[["record_id_d", "record_id_b"]]
