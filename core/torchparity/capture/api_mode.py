@@ -20,9 +20,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..records import OpRecord
-from .compute_dtype import call_flags
 from .aten_mode import _ALL_OUTPUTS, _OUT_ARG, _OVERWRITING, _UNINITIALIZED_RESULT
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
+from .compute_dtype import call_flags
 from .module_tracker import tag_graph
 from .session import CaptureSession, flat_args, flat_outputs, tool_is_busy
 
