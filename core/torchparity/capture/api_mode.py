@@ -28,6 +28,7 @@ from ..records import OpRecord
 from .aten_mode import (_ALL_OUTPUTS, _OVERWRITING, _UNINITIALIZED_RESULT, _WHY_OUT, _WHY_OVERWRITTEN,
                          _WHY_UNINIT)
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
+from .compute_dtype import call_flags
 from .module_tracker import tag_graph
 from .session import CaptureSession, flat_args, flat_outputs, tool_is_busy
 
@@ -149,13 +150,13 @@ class ApiCaptureMode(TorchFunctionMode):
     # -- backward assembly --------------------------------------------------------------------
     def _emit_backward(self, watch: GradWatch) -> None:
         s = self.session
-        name, op, module, module_class, fwd = watch.meta
+        name, op, module, module_class, fwd, cflags = watch.meta
         base = name.split(".")[1]
         if not s.wants(base, op, "backward", module):
             return
         rec = s.new_record(prefix=name.split(".")[0], base=base, op=op, level="api", phase="backward",
                            module=module, module_class=module_class, fwd=fwd,
-                           name=name.rsplit(".", 1)[0] + ".backward")
+                           name=name.rsplit(".", 1)[0] + ".backward", flags=dict(cflags) if cflags else None)
         if rec is None:
             return
         prev, s.busy = s.busy, True
@@ -194,7 +195,7 @@ class ApiCaptureMode(TorchFunctionMode):
         s.busy = True
         try:
             watch = watch_call(grad_inputs, flat_outputs(out), seq0, self._emit_backward,
-                               meta=(name, op, module, module_class, None))
+                               meta=(name, op, module, module_class, None, call_flags(args, kwargs)))
             if watch is not None:
                 self._pending_bw.append(watch)
         finally:
@@ -256,8 +257,9 @@ class ApiCaptureMode(TorchFunctionMode):
             if phase in ("forward", "recompute") and torch.is_grad_enabled():
                 tag_graph(out, {"module": module, "module_class": module_class, "fwd": None, "node": f"{prefix}.{base}"})
             return out
+        cflags = call_flags(args, kwargs)  # autocast's compute dtype, None without autocast
         rec = s.new_record(prefix=prefix, base=base, op=op, level="api", phase=phase, module=module,
-                           module_class=module_class, fwd=fwd)
+                           module_class=module_class, fwd=fwd, flags=dict(cflags) if cflags else None)
         if rec is None:  # filtered by op_range/skip: its backward still counts for the filters
             return self._call_unrecorded(func, args, kwargs, s.last_filtered_name, op, phase, module, module_class)
         flat = flat_args(args, kwargs)
@@ -294,7 +296,7 @@ class ApiCaptureMode(TorchFunctionMode):
             s.commit(rec)
             if seq0 is not None:
                 watch = watch_call([(str(i), a) for i, a in grad_inputs], outs, seq0, self._emit_backward,
-                                   meta=(rec.name, op, module, module_class, rec.id))
+                                   meta=(rec.name, op, module, module_class, rec.id, cflags))
                 if watch is not None:
                     self._pending_bw.append(watch)
             if phase == "forward" and torch.is_grad_enabled():

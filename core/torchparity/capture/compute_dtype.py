@@ -6,6 +6,12 @@ carries that lower precision's rounding. The flag is the lowest-precision floati
 the module subtree's parameters and the autocast dtype when autocast is enabled at its call;
 set only when it is below float32 (absent: nothing to say). Cheap: no tensor data is read, the
 parameter part is cached per module.
+
+API-level records (levels ``api`` and ``mix``) carry the same flag when autocast is enabled for the
+device of the call's first tensor argument (:func:`call_flags`): ``torch.gru`` or ``F.linear`` under
+fp16 autocast reads and may return float32 tensors while computing in float16. Their backward
+records get their forward call's flag. Aten records need none: autocast's casts are separate
+kernels there, and every kernel sees the dtype it computes in.
 """
 
 from __future__ import annotations
@@ -65,3 +71,32 @@ def compute_dtype(module: torch.nn.Module, outputs: Any = ()) -> str | None:
     if not cands:
         return None
     return str(min(cands, key=_ORDER.index)).replace("torch.", "")
+
+
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
+def _first_device(args: tuple, kwargs: dict) -> str | None:
+    """The device type of the first tensor among the arguments (inside a list too), or None."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+        if isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    return x.device.type
+    return None
+
+
+def call_flags(args: tuple, kwargs: dict) -> dict[str, str] | None:
+    """``{"compute_dtype": "float16"}`` (a new dict) for an API call made while autocast is enabled
+    below float32 for the device of its first tensor argument, else None (then the record is
+    exactly what it was without this flag). One C call when no autocast is enabled; no tensor data
+    is read. Calls without a tensor argument (factories) get no flag: autocast does not apply."""
+    if _any_autocast is not None and not _any_autocast():
+        return None
+    dev = _first_device(args, kwargs)
+    if dev is None:
+        return None
+    ac = autocast_dtype(dev)
+    return {"compute_dtype": str(ac).replace("torch.", "")} if ac in _LOW else None

@@ -3,7 +3,8 @@
 Stages, in order (each sees only what earlier stages left unmatched):
 
 1. ``exact``: (phase, module, op, call_index), for (phase, module, op) groups with the same
-   number of calls on both sides;
+   number of calls on both sides; a group whose calls ran in another order on one side (pairs by
+   ``call_index`` would join different tensor shapes) is paired by (shapes, occurrence) instead;
 2. ``no_counter``: inside groups whose call counts differ (an extra call, a missing call), an
    order-preserving alignment on the tensor shapes of each call;
 3. ``shape``: same phase and module, a different op with the same shapes (a fused op on one
@@ -137,8 +138,34 @@ def record_table(rows: Any, mapping: Mapping[str, str] | None = None) -> Any:
     else:
         rec["mkey"] = mods
     rec = rec.sort_values("record_id", kind="stable").reset_index(drop=True)
+    _key_param_grads(rec)
     rec["sig"] = pd.Series(dtype=object)
     return rec
+
+
+def _key_param_grads(rec: Any) -> None:
+    """A parameter's gradient record (``Grad.head.weight.0.backward``, op ``parameters_grad``) is
+    matched by its parameter, not by the order in which the gradients were accumulated: autograd
+    may accumulate ``head.bias`` before ``head.weight`` on one side and after on the other (an
+    fp16-autocast run's extra cast nodes change the order). Its op key becomes
+    ``parameters_grad:<parameter>`` and its call index counts that parameter's gradients."""
+    is_pg = (rec["op"].to_numpy(dtype=object) == "parameters_grad") & text_column(rec["name"]).str.startswith("Grad.").to_numpy()
+    if not is_pg.any():
+        return
+    at = np.flatnonzero(is_pg)
+    names = rec["name"].to_numpy(dtype=object)[at]
+    mods = text_column(rec["module"]).to_numpy(dtype=object)[at]
+    ops = []
+    for name, mod in zip(names, mods):
+        full = name[len("Grad."):].rsplit(".", 2)[0]  # Grad.<module>.<param>.<n>.backward
+        ops.append("parameters_grad:" + (full[len(mod) + 1:] if mod and full.startswith(mod + ".") else full))
+    col = rec["op"].to_numpy(dtype=object).copy()
+    col[at] = ops
+    rec["op"] = col
+    sub = rec.iloc[at]
+    ci = rec["call_index"].to_numpy().copy()
+    ci[at] = sub.groupby(["phase", "mkey", "op"], sort=False).cumcount().to_numpy()
+    rec["call_index"] = ci
 
 
 def _signatures(rows: Any, rids: Any) -> dict[int, str]:
@@ -194,7 +221,7 @@ def match_records(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | N
     equal = counts[counts["nd"] == counts["nb"]].reset_index()[["gk"]]
     de = d.merge(equal, on="gk")
     be = b.merge(equal, on="gk")
-    ex = de.merge(be[["gk", "call_index", "record_id"]], on=["gk", "call_index"], suffixes=("_d", "_b"))
+    ex = _pair_equal_groups(de, be, dev_rows, bench_rows)
     if len(ex):
         pairs.append(pd.DataFrame({"dev_rid": ex["record_id_d"].to_numpy(), "bench_rid": ex["record_id_b"].to_numpy(), "match": "exact"}))
     used_d = set(ex["record_id_d"].tolist())
@@ -260,6 +287,73 @@ def match_records(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | N
     out["dev_rid"] = out["dev_rid"].astype("int64")
     out["bench_rid"] = out["bench_rid"].astype("int64")
     return out
+
+
+def _shape_hashes(dev_rows: Any, bench_rows: Any) -> tuple[Any, Any]:
+    """Per record (a Series indexed by record id), a 64-bit hash of its tensors' (io, arg, shape),
+    equal on both sides for equal signatures (the text of :func:`_signatures` costs several
+    times more on every record). A collision only pairs by ``call_index``, as before."""
+    import pandas as pd
+
+    from .metrics import factorize_shapes
+
+    n = len(dev_rows)
+    h = np.zeros(n + len(bench_rows), dtype=np.uint64)
+    for c, mult in (("shape", 0x9E3779B97F4A7C15), ("io", 0xC2B2AE3D27D4EB4F), ("arg", 0x165667B19E3779F9)):
+        vals = np.concatenate([dev_rows[c].to_numpy(dtype=object), bench_rows[c].to_numpy(dtype=object)])
+        try:
+            codes = factorize_shapes(vals)[0] if c == "shape" else pd.factorize(vals)[0]
+        except TypeError:  # an unhashable value where a name belongs (a damaged dump)
+            codes = pd.factorize(text_column(pd.Series(vals)).to_numpy(dtype=object))[0]
+        h ^= (codes.astype(np.int64) + 2).astype(np.uint64) * np.uint64(mult)
+        h ^= h >> np.uint64(31)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(29)
+    hd = pd.Series(h[:n]).groupby(dev_rows["record_id"].to_numpy(), sort=False).sum()
+    hb = pd.Series(h[n:]).groupby(bench_rows["record_id"].to_numpy(), sort=False).sum()
+    return hd, hb
+
+
+def _pair_equal_groups(de: Any, be: Any, dev_rows: Any, bench_rows: Any) -> Any:
+    """Stage 1: pair the records of (phase, module, op) groups with equal call counts by
+    ``call_index``, except where the two sides ran the same calls in another order.
+
+    Autograd does not promise an order between independent nodes: an fp16-autocast run's cast
+    nodes change when a GRU's gradient accumulations (``add`` of a (192, 64) weight gradient, of a
+    (2, 64) hidden-state gradient) run, so the k-th ``add`` of one side is not the k-th of the
+    other. Where a pair by ``call_index`` would join records of different tensor shapes, the
+    group's records are paired by (shape signature, occurrence) instead, for the signatures both
+    sides have; what is left of the group (another model size: no common signature) is paired by
+    ``call_index`` order as before, so that shape differences are still reported."""
+    import pandas as pd
+
+    cols = ["gk", "call_index", "record_id"]
+    ex = de[cols].merge(be[cols], on=["gk", "call_index"], suffixes=("_d", "_b"))
+    if not len(ex):
+        return ex
+    hd, hb = _shape_hashes(dev_rows, bench_rows)
+    sd = ex["record_id_d"].map(hd).fillna(0).to_numpy(dtype=np.uint64)
+    sb = ex["record_id_b"].map(hb).fillna(0).to_numpy(dtype=np.uint64)
+    bad_groups = pd.unique(ex.loc[sd != sb, "gk"])
+    if not len(bad_groups):
+        return ex[["record_id_d", "record_id_b"]]
+    bad = ex["gk"].isin(bad_groups).to_numpy()
+    keep = ex.loc[~bad, ["record_id_d", "record_id_b"]]
+    g = ex.loc[bad, ["gk", "call_index"]].assign(sig_d=sd[bad], sig_b=sb[bad], rid_d=ex["record_id_d"].to_numpy()[bad],
+                                                 rid_b=ex["record_id_b"].to_numpy()[bad]).sort_values(["gk", "call_index"])
+    gd = g[["gk", "call_index", "sig_d", "rid_d"]].rename(columns={"sig_d": "sig"})
+    gb = g[["gk", "call_index", "sig_b", "rid_b"]].rename(columns={"sig_b": "sig"})
+    gd["occ"] = gd.groupby(["gk", "sig"], sort=False).cumcount()
+    gb["occ"] = gb.groupby(["gk", "sig"], sort=False).cumcount()
+    by_sig = gd.merge(gb[["gk", "sig", "occ", "rid_b"]], on=["gk", "sig", "occ"])
+    rest_d = gd[~gd["rid_d"].isin(by_sig["rid_d"])].copy()
+    rest_b = gb[~gb["rid_b"].isin(by_sig["rid_b"])].copy()
+    rest_d["k"] = rest_d.groupby("gk", sort=False).cumcount()  # still in call_index order
+    rest_b["k"] = rest_b.groupby("gk", sort=False).cumcount()
+    by_order = rest_d.merge(rest_b[["gk", "k", "rid_b"]], on=["gk", "k"])
+    out = [keep] + [x[["rid_d", "rid_b"]].rename(columns={"rid_d": "record_id_d", "rid_b": "record_id_b"})
+                    for x in (by_sig, by_order)]
+    return pd.concat(out, ignore_index=True)
 
 
 def _fwd_ids(rec: Any) -> np.ndarray:
