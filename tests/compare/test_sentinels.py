@@ -99,7 +99,10 @@ def test_sentinel_on_one_side_only_is_a_difference(tmp_path: Path) -> None:
     (-BF16_MIN, -F32_MIN, "bfloat16", "float32", True),  # finfo.max of each dtype
     ("-inf", F32_MIN, "bfloat16", "float32", True),  # -inf is a sentinel too (written as text)
     (BF16_MIN, -F32_MIN, "bfloat16", "float32", False),  # opposite signs
-    (BF16_MIN, F32_MIN, "float32", "float32", False),  # same dtype: exact
+    # a narrower dtype's sentinel in a float32 record (autocast builds masks from finfo(float16).min)
+    (BF16_MIN, F32_MIN, "float32", "float32", True),
+    (-65504.0, F32_MIN, "float32", "float32", True),
+    (-65000.0, F32_MIN, "float32", "float32", False),  # an ordinary value is not a sentinel
     (BF16_MIN, -1e30, "bfloat16", "float32", False),  # an ordinary value on the bench side
     (float(torch.tensor(1 / math.sqrt(24), dtype=torch.bfloat16)), 1 / math.sqrt(24), "bfloat16", "float32", True),
     (0.2041, 0.2042, "float32", "float32", False),  # fp32 vs fp32: exact
@@ -151,3 +154,17 @@ def test_measured_on_one_side_only_is_still_not_compared(tmp_path: Path) -> None
     rows = torchparity.compare(str(dev), str(bench), allow_partial=True).rows
     ws = rows[rows["tensor"] == "output.3"].iloc[0]
     assert ws["verdict"] == "skip" and str(ws["reason"]).startswith(NOT_COMPARED)
+
+
+def test_autocast_fp16_mask_plus_a_bias_in_float32_is_the_sentinel(tmp_path: Path) -> None:
+    """T5 under fp16 autocast: a float32 add of a position bias and finfo(float16).min gives
+    -65506.5 where the fp32 run's finfo(float32).min absorbs the bias: the same mask."""
+    dev = _one_op(tmp_path / "dev", torch.tensor([1.0, -65504.0 - 2.46, 2.0, 3.0]))
+    bench = _one_op(tmp_path / "bench", torch.tensor([1.0, F32_MIN, 2.0, 3.0]))
+    rows = torchparity.compare(str(dev), str(bench)).rows
+    out = rows[rows["tensor"] == "output.0"].iloc[0]
+    assert out["min_sentinel"] and out["verdict"] != "error"
+    # an ordinary value against the sentinel stays a difference
+    dev2 = _one_op(tmp_path / "dev2", torch.tensor([1.0, -1000.0, 2.0, 3.0]))
+    rows2 = torchparity.compare(str(dev2), str(bench)).rows
+    assert not rows2[rows2["tensor"] == "output.0"].iloc[0]["min_sentinel"]

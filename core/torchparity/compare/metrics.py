@@ -209,8 +209,9 @@ def dtype_limits(dtypes: Any) -> np.ndarray:
 
 def sentinel_extremes(d: dict[str, np.ndarray], b: dict[str, np.ndarray], d_dtype: Any,
                       b_dtype: Any) -> dict[str, np.ndarray]:
-    """Per extreme (``max``, ``min``): the device's statistic is its dtype's saturated sentinel
-    (``+-finfo(device dtype).max``) and the bench's is the same-signed sentinel of *its* dtype.
+    """Per extreme (``max``, ``min``): the device's statistic is a saturated sentinel
+    (``+-finfo(dtype).max`` of its dtype or of a narrower float dtype, as autocast's fp16 mask in a
+    float32 tensor) and the bench's is a same-signed sentinel too.
 
     Masks are built from ``finfo(dtype).min`` (``where(mask, 0, finfo.min)``): the constant is
     -3.39e38 in bfloat16 and -3.40e38 in float32, the same value by meaning. Such a pair is not a
@@ -221,9 +222,36 @@ def sentinel_extremes(d: dict[str, np.ndarray], b: dict[str, np.ndarray], d_dtyp
     with np.errstate(invalid="ignore"):
         for s in ("max", "min"):
             dv, bv = d[s], b[s]
-            out[s] = (~np.isnan(dl) & ~np.isnan(bl) & (np.abs(dv) == dl) & (np.abs(bv) == bl)
-                      & (np.sign(dv) == np.sign(bv)))
+            ed, eb = _is_sentinel(dv, dl), _is_sentinel(bv, bl)
+            # one side exactly at a sentinel, the other at one or near a narrower one (a bias added
+            # to autocast's -65504 in float32: -65506.5, where the fp32 run's -3.4e38 absorbs it;
+            # a narrower dtype's sentinel beside a wider one's: never a value near the same one,
+            # which may be a genuine overflow)
+            pair = (ed & eb) | (ed & _near_sentinel(bv, np.abs(dv))) | (eb & _near_sentinel(dv, np.abs(bv)))
+            out[s] = ~np.isnan(dl) & ~np.isnan(bl) & pair & (np.sign(dv) == np.sign(bv))
     return out
+
+
+#: the sentinel magnitudes a mask may hold: finfo(t).max of the dtypes a model builds masks in.
+#: An fp16-autocast run keeps ``finfo(float16).min`` = -65504 in a float32 mask where its fp32
+#: reference holds -3.40e38: the same constant by meaning.
+_SENTINELS = np.array(sorted({FINFO_MAX[k] for k in ("float16", "bfloat16", "float32")}))
+
+
+def _near_sentinel(v: np.ndarray, below: np.ndarray) -> np.ndarray:
+    """``|v|`` lies between half a sentinel and twice it (a sentinel plus an ordinary value),
+    for a sentinel strictly smaller than ``below`` (the other side's exact sentinel)."""
+    av = np.abs(v)
+    near = np.zeros(np.shape(av), dtype=bool)
+    for sv in _SENTINELS:
+        near |= (av >= sv / 2) & (av <= 2 * sv) & (sv < below)
+    return near
+
+
+def _is_sentinel(v: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    """``|v|`` is the finfo max of its own dtype (``limit``) or of a narrower float dtype."""
+    av = np.abs(v)
+    return (av == limit) | (np.isin(av, _SENTINELS) & (av <= limit))
 
 
 def without_sentinels(d: dict[str, np.ndarray], b: dict[str, np.ndarray],

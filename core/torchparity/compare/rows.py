@@ -236,8 +236,18 @@ def _as_float(v: Any) -> float | None:
 
 
 def _is_limit(v: float, dtype: str | None) -> bool:
-    """``v`` is +-inf or +-finfo(dtype).max: a mask / fill sentinel of that dtype."""
-    return math.isinf(v) or (dtype is not None and abs(v) == metrics.FINFO_MAX.get(dtype, math.nan))
+    """``v`` is +-inf or +-finfo(t).max of ``dtype`` or of a float dtype narrower than it (an
+    fp16-autocast run builds its masks from finfo(float16).min inside float32 tensors): a mask /
+    fill sentinel."""
+    if math.isinf(v):
+        return True
+    own = metrics.FINFO_MAX.get(dtype or "", math.nan)
+    if abs(v) == own:
+        return True
+    return abs(v) in _NARROW_SENTINELS and not abs(v) > (own if not math.isnan(own) else math.inf)
+
+
+_NARROW_SENTINELS = frozenset(metrics.FINFO_MAX[k] for k in ("float16", "bfloat16", "float32"))
 
 
 def _same_value(a: Any, b: Any, d_dtype: str | None = None, b_dtype: str | None = None) -> bool:
@@ -259,7 +269,7 @@ def _same_value(a: Any, b: Any, d_dtype: str | None = None, b_dtype: str | None 
             return math.isnan(fa) and math.isnan(fb)
         if fa == fb:
             return True
-        if d_dtype != b_dtype and _is_limit(fa, d_dtype) and _is_limit(fb, b_dtype) \
+        if _is_limit(fa, d_dtype) and _is_limit(fb, b_dtype) \
                 and math.copysign(1.0, fa) == math.copysign(1.0, fb):
             return True
         if math.isinf(fa) or math.isinf(fb):
