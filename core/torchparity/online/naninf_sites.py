@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..capture.session import _tool_state
+from ..naninf_rule import is_sink
 from .naninf_findings import NanInfFinding
 from .naninf_rules import _CHUNK, _FINITE, _FLOAT, _INF, _NAN, _SENTINEL, _STRIDED, _OpInfo, _flat_tensors
 
@@ -143,8 +144,7 @@ class SiteJudge:
                 if self._state_device is None:
                     self._state_device = f.device
         phase = self._table[j][1][6]
-        sink = phase == "backward" or phase == "optimizer" or (
-            phase == "forward" and (self._tracker is None or self._tracker.current() is None))
+        sink = is_sink(phase, self._tracker is None or self._tracker.current() is None)
         # lineage, walked on the host only in a step where the device found a creation site
         self._lin.append((in_ids, in_mask, out_ids, sink))
         if len(p) >= _CHUNK:
