@@ -48,11 +48,14 @@ def test_empty_like_destination_is_described_not_measured_until_written(tmp_path
     empty = recs["Torch.empty_like.0.forward"]
     assert "stats" not in _entry(empty, "output", "0")
     assert empty["flags"]["unmeasured"] == {"output.0": "uninitialised memory"}
-    put = recs["Tensor.__setitem__.0.forward"]
-    dst = _entry(put, "input", "0")
-    assert dst["dtype"] == "int64" and dst["shape"] == [8] and "stats" not in dst, "garbage was measured"
-    assert put["flags"]["unmeasured"] == {"input.0": "uninitialised memory"}
-    assert "stats" in _entry(put, "input", "1") and "stats" in _entry(put, "input", "2")
+    put = recs.get("Tensor.__setitem__.0.forward")
+    if put is not None:  # torch 2.1's function mode is not told about Tensor.__setitem__
+        dst = _entry(put, "input", "0")
+        assert dst["dtype"] == "int64" and dst["shape"] == [8] and "stats" not in dst, "garbage was measured"
+        assert put["flags"]["unmeasured"] == {"input.0": "uninitialised memory"}
+        assert "stats" in _entry(put, "input", "1") and "stats" in _entry(put, "input", "2")
+    else:
+        assert tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 4)
     # written: the next read measures values again
     mul = recs["Tensor.mul.0.forward"]
     assert _entry(mul, "input", "0")["stats"]["max"] == 7 and "unmeasured" not in mul.get("flags", {})
@@ -112,7 +115,7 @@ def test_after_call_keeps_views_and_reads_and_clears_fresh_results() -> None:
     b = torch.zeros(4)
     u.after_call(False, [b], inputs=[a])  # fresh memory (maybe the allocator's reused block)
     assert u.holds(a)
-    u.restore([b.untyped_storage().data_ptr()])
+    u.restore([(b.untyped_storage().data_ptr(), b._version)])
     u.after_call(False, [b], inputs=[a])
     assert not u.holds(b) and u.holds(a)
     held = u.held([a, b])
@@ -122,3 +125,15 @@ def test_after_call_keeps_views_and_reads_and_clears_fresh_results() -> None:
     assert u.holds(a) and not u.holds(b)
     u.after_call(False, [], written=[a[1:]], inputs=[a])  # any write through a view
     assert not u
+
+
+def test_a_write_the_capture_did_not_see_unmarks_the_storage() -> None:
+    """torch 2.1's function mode never sees ``inv[perm] = ...``: the version counter (shared by
+    every view, bumped by every in-place write) tells that the memory now holds values, so the
+    next read is measured instead of silently described."""
+    u = UninitStorages()
+    a = torch.empty(4)
+    u.after_call(True, [a])
+    assert u.holds(a[1:])
+    a[torch.tensor([0, 1, 2, 3])] = torch.arange(4.0)  # no after_call: unseen
+    assert not u.holds(a) and not u

@@ -11,7 +11,12 @@ The API-level capture (levels ``api`` and ``mix``) keeps the same set with :meth
 it sees ``torch.empty_like`` and ``inv[perm] = ...`` as the user wrote them, but not which calls
 return views, so a result counts as fresh memory only when its storage is none of the call's inputs'.
 
-Cheap: one set of storage addresses, empty in most programs; the per-op work is skipped while it
+A write the capture did not see (an API the function mode is not told about on an older torch:
+``Tensor.__setitem__`` on torch 2.1) must not leave real values unmeasured: each marked storage
+keeps the version counter of the tensor that marked it (shared by all its views and bumped by
+every in-place write), and a read that finds another version unmarks it.
+
+Cheap: one dict of storage addresses, empty in most programs; the per-op work is skipped while it
 is empty.
 """
 
@@ -32,7 +37,7 @@ class UninitStorages:
     __slots__ = ("_ptrs",)
 
     def __init__(self) -> None:
-        self._ptrs: set[int] = set()
+        self._ptrs: dict[int, int] = {}  # storage address -> version counter when marked (-1: unknown)
 
     def __bool__(self) -> bool:
         return bool(self._ptrs)
@@ -48,7 +53,7 @@ class UninitStorages:
             if isinstance(t, torch.Tensor) and t.numel():
                 p = storage_ptr(t)
                 if p:
-                    self._ptrs.add(p)
+                    self._ptrs[p] = _version(t)
 
     def written(self, tensors: Iterable[Any]) -> None:
         """These tensors were written (or freshly produced): their memory now holds values."""
@@ -56,7 +61,7 @@ class UninitStorages:
             return
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                self._ptrs.discard(storage_ptr(t))
+                self._ptrs.pop(storage_ptr(t), None)
 
     def after_call(self, factory: bool, outputs: Iterable[Any], written: Iterable[Any] = (),
                    inputs: Iterable[Any] | None = None) -> None:
@@ -85,22 +90,47 @@ class UninitStorages:
         for o in outs:
             p = storage_ptr(o)
             if p not in shared:
-                self._ptrs.discard(p)
+                self._ptrs.pop(p, None)
 
-    def held(self, tensors: Iterable[Any]) -> list[int]:
-        """The storages among ``tensors`` that are marked now (to :meth:`restore` after a
-        conservative :meth:`written` over arguments that were only read)."""
+    def held(self, tensors: Iterable[Any]) -> list[tuple[int, int]]:
+        """The storages among ``tensors`` that are marked now, with their versions (to
+        :meth:`restore` after a conservative :meth:`written` over arguments that were only read)."""
         if not self._ptrs:
             return []
-        return [p for p in (storage_ptr(t) for t in tensors if isinstance(t, torch.Tensor)) if p in self._ptrs]
+        out = []
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                p = storage_ptr(t)
+                if p in self._ptrs:
+                    out.append((p, self._ptrs[p]))
+        return out
 
-    def restore(self, ptrs: Iterable[int]) -> None:
+    def restore(self, held: Iterable[tuple[int, int]]) -> None:
         """Mark again storages returned by :meth:`held`."""
-        self._ptrs.update(ptrs)
+        self._ptrs.update(held)
 
     def holds(self, t: torch.Tensor) -> bool:
-        """True if ``t`` lives on a storage that no op has written since an ``empty*`` made it."""
-        return bool(self._ptrs) and storage_ptr(t) in self._ptrs
+        """True if ``t`` lives on a storage that no op has written since an ``empty*`` made it
+        (a version counter that moved on means a write the capture did not see: unmarked)."""
+        if not self._ptrs:
+            return False
+        p = storage_ptr(t)
+        v = self._ptrs.get(p)
+        if v is None:
+            return False
+        if v >= 0 and _version(t) != v:
+            del self._ptrs[p]
+            return False
+        return True
 
     def clear(self) -> None:
         self._ptrs.clear()
+
+
+def _version(t: torch.Tensor) -> int:
+    """The tensor's version counter (shared with its views), or -1 where it has none (inference
+    tensors)."""
+    try:
+        return int(t._version)
+    except (RuntimeError, AttributeError):
+        return -1

@@ -130,7 +130,6 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     """
     import pandas as pd
 
-    n = len(rows)
     dev = rows["d_record_id"].to_numpy() >= 0
     r = pd.DataFrame({
         "rid": rows["d_record_id"].to_numpy(), "io": rows["io"].to_numpy(), "kind": rows["kind"].to_numpy(),
@@ -197,6 +196,10 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     if sink.any():  # a gradient is a reduction over the batch: its norm channel only, like a cancelling op
         i_err, i_agg, i_ext = grad_sinks.inherit(recs, sink, i_err, i_agg, i_ext)
         cancelling = cancelling | sink
+        in_n = r.assign(n=nel)[is_in].groupby("rid")["n"].max().reindex(rec_ids).to_numpy()
+        red = grad_sinks.reduction_allowance(recs, sink, in_n, out_n)
+    else:
+        red = np.ones(len(rec_ids))
     floor = r.groupby("rid")["floor"].max().reindex(rec_ids).to_numpy()
     args_differ = recs["args_differ"].to_numpy(dtype=bool) if "args_differ" in recs else np.zeros(len(rec_ids), bool)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -209,7 +212,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # independent elements at best, a fraction AGG_FROM_EXT of e when they are correlated)
         # (an input whose norm is unknown, e.g. overflowed by a finfo.min mask: its largest error)
         i_agg_k = np.where(np.isnan(i_agg), i_err, i_agg)
-        a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * error_model.AGG_FLOOR_FRACTION),
+        a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * error_model.AGG_FLOOR_FRACTION * red),
                         np.nan_to_num(i_err, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
                                                                  1.0 / np.sqrt(np.fmax(np.nan_to_num(out_n, nan=1.0), 1.0))))
         s_agg = np.where(np.isinf(o_agg) & np.isinf(a_den), np.nan, o_agg / a_den)
