@@ -207,8 +207,9 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # aggregate channel: its own (smaller) floor, against the inputs' aggregate error
         # (elementwise input errors e reach the output's norm too: averaged to ~e/sqrt(n) over n
         # independent elements at best, a fraction AGG_FROM_EXT of e when they are correlated)
-        # (an input whose norm is unknown, e.g. overflowed by a finfo.min mask: its largest error)
-        i_agg_k = np.where(np.isnan(i_agg), i_err, i_agg)
+        # (an input whose norm is unknown, e.g. left out for a finfo.min mask, carries no
+        # aggregate error of its own: only its elementwise one, through the term below)
+        i_agg_k = np.where(np.isnan(i_agg) & ~np.isnan(i_err), 0.0, i_agg)
         a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * error_model.AGG_FLOOR_FRACTION),
                         np.nan_to_num(i_err, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
                                                                  1.0 / np.sqrt(np.fmax(np.nan_to_num(out_n, nan=1.0), 1.0))))
