@@ -165,3 +165,33 @@ def test_softmax_of_masked_scores_keeps_its_norm_channel(tmp_path: Path, fault: 
         assert rc is None, rc.reason
     else:
         assert rc is not None and rc.op == "aten._softmax.default" and "norm" in rc.reason, rc and rc.reason
+
+
+@pytest.mark.parametrize("fault", [1.0, 1.05])
+def test_reduction_adds_up_the_absolute_errors_of_its_input(tmp_path: Path, fault: float) -> None:
+    """T5's RMSNorm backward under fp16 autocast: an fp32 ``sum`` over the hidden dim of a
+    product whose elements all carry the upstream fp16 rounding as an *absolute* error (a few
+    units of the largest element's roundoff). Its input's norm barely moves and its largest
+    element's relative error is small, but the sum adds up every element's error: judged against
+    the whole error vector (it scored 15.6 in the zoo: t5 fp16-vs-fp32-aten, a false alarm).
+    A x1.05 sum is still found."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 64, generator=g) * torch.rand(2, 8, 64, generator=g) ** 4  # peaky
+    noise = torch.randn(2, 8, 64, generator=g) * 5e-4 * x.abs().max()
+
+    def build(d: SyntheticDump, dev: bool) -> None:
+        a = x.half() if dev else x
+        h = (x + noise).half() if dev else x  # an fp16 matmul's output: its accumulation error
+        (m,) = d.op("aten.mm.default", "proj", [(a, None)], [h], phase="backward")
+        xi = h.float()  # the fp32 RMSNorm: upcast
+        (ref,) = d.op("aten.mul.Tensor", "norm", [(h, m), (torch.ones(64), None)], [xi], phase="backward")
+        s = xi.sum(-1, keepdim=True)
+        d.op("aten.sum.dim_IntList", "norm", [(xi, ref), ([-1], None), (True, None)],
+             [s * fault if dev else s], phase="backward")
+
+    dev, bench = _two(tmp_path, build)
+    rc = torchparity.compare(dev, bench).root_cause
+    if fault == 1.0:
+        assert rc is None, rc.reason
+    else:
+        assert rc is not None and rc.op == "aten.sum.dim_IntList", rc and rc.reason

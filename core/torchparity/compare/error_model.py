@@ -187,3 +187,27 @@ def cancel_scale(rows: Any) -> np.ndarray:
     if "bench_norm" not in rows:
         return np.full(len(rows), np.nan)
     return np.abs(rows["bench_norm"].to_numpy(dtype="float64"))
+
+
+def peak_factor(rows: Any) -> np.ndarray:
+    """Per row, ``max|x| * sqrt(numel) / norm`` of the bench tensor (>= 1; 1 where unknown).
+
+    The extreme channel is one element's error relative to the largest magnitude; rounding that
+    arrived from upstream (a matmul's accumulation) is that size in *absolute* terms on every
+    element, small ones included. The norm of the whole error vector, relative to the tensor's
+    norm, is then the extreme error times this factor: what a reduction (a sum over a dimension,
+    a normalisation's backward) adds up, while the norm of its input barely moves."""
+    need = ("bench_max", "bench_min", "bench_norm")
+    if not len(rows) or any(c not in rows for c in need):
+        return np.ones(len(rows))
+    from .metrics import numel
+
+    shapes = rows["bench_shape"].where(rows["bench_shape"].notna(), rows["device_shape"]) if "bench_shape" in rows else None
+    if shapes is None:
+        return np.ones(len(rows))
+    nel = numel(shapes.tolist())
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        scale = np.fmax(np.abs(rows["bench_max"].to_numpy(dtype="float64")),
+                        np.abs(rows["bench_min"].to_numpy(dtype="float64")))
+        f = scale * np.sqrt(nel) / np.abs(rows["bench_norm"].to_numpy(dtype="float64"))
+    return np.where(np.isfinite(f) & (f > 1.0), f, 1.0)

@@ -194,8 +194,11 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         agg_row, ext_row = agg_row * fac, ext_row * fac
     o_agg, i_agg, _ = _flow(r, agg_row, is_in, is_out, rec_ids, fwd)
     o_ext, i_ext, _ = _flow(r, ext_row, is_in, is_out, rec_ids, fwd)
+    # the inputs' elementwise error as the norm of the whole error vector (error_model.peak_factor):
+    # what a cancelling op (a reduction) adds up
+    _, i_vec, _ = _flow(r, r["err"].to_numpy() * error_model.peak_factor(rows)[dev], is_in, is_out, rec_ids, fwd)
     if sink.any():  # a gradient is a reduction over the batch: its norm channel only, like a cancelling op
-        i_err, i_agg, i_ext = grad_sinks.inherit(recs, sink, i_err, i_agg, i_ext)
+        i_err, i_agg, i_ext, i_vec = grad_sinks.inherit(recs, sink, i_err, i_agg, i_ext, i_vec)
         cancelling = cancelling | sink
     floor = r.groupby("rid")["floor"].max().reindex(rec_ids).to_numpy()
     args_differ = recs["args_differ"].to_numpy(dtype=bool) if "args_differ" in recs else np.zeros(len(rec_ids), bool)
@@ -210,8 +213,11 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # (an input whose norm is unknown, e.g. left out for a finfo.min mask, carries no
         # aggregate error of its own: only its elementwise one, through the term below)
         i_agg_k = np.where(np.isnan(i_agg) & ~np.isnan(i_err), 0.0, i_agg)
+        # (a cancelling op sums its inputs' elements: their elementwise errors reach its output as
+        # the whole error vector's norm, not the largest element's relative error)
+        i_el = np.where(cancelling, np.fmax(i_err, i_vec), i_err)
         a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * error_model.AGG_FLOOR_FRACTION),
-                        np.nan_to_num(i_err, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
+                        np.nan_to_num(i_el, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
                                                                  1.0 / np.sqrt(np.fmax(np.nan_to_num(out_n, nan=1.0), 1.0))))
         s_agg = np.where(np.isinf(o_agg) & np.isinf(a_den), np.nan, o_agg / a_den)
         # cancelling ops (normalisations, reductions, weight/bias gradients): the aggregate channel
