@@ -213,10 +213,11 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # (an input whose norm is unknown, e.g. left out for a finfo.min mask, carries no
         # aggregate error of its own: only its elementwise one, through the term below)
         i_agg_k = np.where(np.isnan(i_agg) & ~np.isnan(i_err), 0.0, i_agg)
+        agg_frac = np.where(fam == "matmul", error_model.AGG_FLOOR_FRACTION_MATMUL, error_model.AGG_FLOOR_FRACTION)
         # (a cancelling op sums its inputs' elements: their elementwise errors reach its output as
         # the whole error vector's norm, not the largest element's relative error)
         i_el = np.where(cancelling, np.fmax(i_err, i_vec), i_err)
-        a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * error_model.AGG_FLOOR_FRACTION),
+        a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * agg_frac),
                         np.nan_to_num(i_el, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
                                                                  1.0 / np.sqrt(np.fmax(np.nan_to_num(out_n, nan=1.0), 1.0))))
         s_agg = np.where(np.isinf(o_agg) & np.isinf(a_den), np.nan, o_agg / a_den)
@@ -283,7 +284,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
             reason = f"its {what} differs where the benchmark's is exactly zero, while its input error is {_fmt(ie)}"
         elif agg_led[i]:
             reason = (f"{what} norm error {_fmt(o_agg[i])} vs input norm error {_fmt(i_agg[i])} "
-                      f"(floor {_fmt(floor[i] * error_model.AGG_FLOOR_FRACTION)}): amplified {_fmt(score[i])}x, "
+                      f"(floor {_fmt(floor[i] * agg_frac[i])}): amplified {_fmt(score[i])}x, "
                       f"threshold {threshold:g}")
         else:
             reason = (f"{what} error {_fmt(oe)} vs input error {_fmt(ie)} (floor {_fmt(floor[i])}): "
