@@ -130,3 +130,91 @@ def test_tensor_mode_still_judges_cancelling_ops(tmp_path: Path) -> None:
         paths.append(str(d.close()))
     rc = torchparity.compare(paths[0], paths[1]).root_cause
     assert rc is not None and rc.op == "aten.native_layer_norm.default"
+
+
+def _masked_softmax(d: SyntheticDump, dev: bool, fault: float, scores: torch.Tensor, mask: torch.Tensor) -> None:
+    """Llama-eager attention: bf16 scores + a finfo.min causal mask, softmax(dtype=float32)."""
+    s = scores
+    if dev:  # the bf16 run's scores: elements 0.8% off (upstream rounding), then bf16 rounding
+        sign = torch.randint(0, 2, scores.shape, generator=torch.Generator().manual_seed(1)) * 2 - 1
+        s = (scores * (1 + 0.008 * sign)).bfloat16()
+    m = mask.bfloat16() if dev else mask
+    (ref,) = d.op("aten.add.Tensor", "attn", [(s, None), (m, None)], [s + m])
+    w = torch.softmax((s + m).float(), dim=-1)
+    d.op("aten._softmax.default", "attn", [((s + m).float(), ref), (-1, None), (False, None)],
+         [w * fault if dev else w])
+
+
+@pytest.mark.parametrize("fault", [1.0, 1.05])
+def test_softmax_of_masked_scores_keeps_its_norm_channel(tmp_path: Path, fault: float) -> None:
+    """The softmax input holds finfo.min (its norm is left out as a sentinel): it carries no
+    aggregate error of its own, so a x1.05 softmax is still judged on the norm channel against
+    the bf16 floor (it scored 0.05 / its input's largest elementwise error ~0.008: ~6 < 10: a miss,
+    llama-eager and mistral fault-softmax-x1.05 in the zoo), and the clean one is not blamed."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(4, 16, 16, generator=g) * 0.1
+    mask = torch.full((16, 16), torch.finfo(torch.float32).min).triu(1)
+    mask_b = torch.full((16, 16), torch.finfo(torch.bfloat16).min).triu(1)
+
+    def build(d: SyntheticDump, dev: bool) -> None:
+        _masked_softmax(d, dev, fault, scores, mask_b if dev else mask)
+
+    dev, bench = _two(tmp_path, build)
+    rc = torchparity.compare(dev, bench).root_cause
+    if fault == 1.0:
+        assert rc is None, rc.reason
+    else:
+        assert rc is not None and rc.op == "aten._softmax.default" and "norm" in rc.reason, rc and rc.reason
+
+
+@pytest.mark.parametrize("fault", [1.0, 1.05])
+def test_reduction_adds_up_the_absolute_errors_of_its_input(tmp_path: Path, fault: float) -> None:
+    """T5's RMSNorm backward under fp16 autocast: an fp32 ``sum`` over the hidden dim of a
+    product whose elements all carry the upstream fp16 rounding as an *absolute* error (a few
+    units of the largest element's roundoff). Its input's norm barely moves and its largest
+    element's relative error is small, but the sum adds up every element's error: judged against
+    the whole error vector (it scored 15.6 in the zoo: t5 fp16-vs-fp32-aten, a false alarm).
+    A x1.05 sum is still found."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 64, generator=g) * torch.rand(2, 8, 64, generator=g) ** 4  # peaky
+    noise = torch.randn(2, 8, 64, generator=g) * 5e-4 * x.abs().max()
+
+    def build(d: SyntheticDump, dev: bool) -> None:
+        a = x.half() if dev else x
+        h = (x + noise).half() if dev else x  # an fp16 matmul's output: its accumulation error
+        (m,) = d.op("aten.mm.default", "proj", [(a, None)], [h], phase="backward")
+        xi = h.float()  # the fp32 RMSNorm: upcast
+        (ref,) = d.op("aten.mul.Tensor", "norm", [(h, m), (torch.ones(64), None)], [xi], phase="backward")
+        s = xi.sum(-1, keepdim=True)
+        d.op("aten.sum.dim_IntList", "norm", [(xi, ref), ([-1], None), (True, None)],
+             [s * fault if dev else s], phase="backward")
+
+    dev, bench = _two(tmp_path, build)
+    rc = torchparity.compare(dev, bench).root_cause
+    if fault == 1.0:
+        assert rc is None, rc.reason
+    else:
+        assert rc is not None and rc.op == "aten.sum.dim_IntList", rc and rc.reason
+
+
+def test_x105_matmul_inside_a_linear_whose_bias_dominates_is_found(tmp_path: Path) -> None:
+    """An api-level ``linear`` (lstm/gru ``proj`` in the zoo): a x1.05 matmul moves the output's
+    norm by < 1% when the bias dominates; the matmul family's norm floor (0.05 x the bf16 floor)
+    finds it (with the common 0.25 it scored ~3: a miss), and the clean run stays clean."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(16, 64, generator=g) * 0.1, torch.randn(64, 64, generator=g) * 0.05
+    b = torch.randn(64, generator=g) * 0.1
+
+    for fault in (1.0, 1.05):
+        def build(d: SyntheticDump, dev: bool) -> None:
+            xi, wi, bi = (t.bfloat16() if dev else t for t in (x, w, b))
+            y = (xi.float() @ wi.float().T * (fault if dev else 1.0) + bi.float())
+            d.op("torch.nn.functional.linear", "proj", [(xi, None), (wi, None), (bi, None)],
+                 [y.bfloat16() if dev else y], prefix="Functional", base="linear")
+
+        dev, bench = _two(tmp_path / str(fault), build)
+        rc = torchparity.compare(dev, bench).root_cause
+        if fault == 1.0:
+            assert rc is None, rc.reason
+        else:
+            assert rc is not None and rc.module == "proj" and "norm" in rc.reason, rc and rc.reason

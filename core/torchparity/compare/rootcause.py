@@ -193,8 +193,11 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         agg_row, ext_row = agg_row * fac, ext_row * fac
     o_agg, i_agg, _ = _flow(r, agg_row, is_in, is_out, rec_ids, fwd)
     o_ext, i_ext, _ = _flow(r, ext_row, is_in, is_out, rec_ids, fwd)
+    # the inputs' elementwise error as the norm of the whole error vector (error_model.peak_factor):
+    # what a cancelling op (a reduction) adds up
+    _, i_vec, _ = _flow(r, r["err"].to_numpy() * error_model.peak_factor(rows)[dev], is_in, is_out, rec_ids, fwd)
     if sink.any():  # a gradient is a reduction over the batch: its norm channel only, like a cancelling op
-        i_err, i_agg, i_ext = grad_sinks.inherit(recs, sink, i_err, i_agg, i_ext)
+        i_err, i_agg, i_ext, i_vec = grad_sinks.inherit(recs, sink, i_err, i_agg, i_ext, i_vec)
         cancelling = cancelling | sink
         in_n = r.assign(n=nel)[is_in].groupby("rid")["n"].max().reindex(rec_ids).to_numpy()
         red = grad_sinks.reduction_allowance(recs, sink, in_n, out_n)
@@ -210,10 +213,15 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # aggregate channel: its own (smaller) floor, against the inputs' aggregate error
         # (elementwise input errors e reach the output's norm too: averaged to ~e/sqrt(n) over n
         # independent elements at best, a fraction AGG_FROM_EXT of e when they are correlated)
-        # (an input whose norm is unknown, e.g. overflowed by a finfo.min mask: its largest error)
-        i_agg_k = np.where(np.isnan(i_agg), i_err, i_agg)
-        a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * error_model.AGG_FLOOR_FRACTION * red),
-                        np.nan_to_num(i_err, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
+        # (an input whose norm is unknown, e.g. left out for a finfo.min mask, carries no
+        # aggregate error of its own: only its elementwise one, through the term below)
+        i_agg_k = np.where(np.isnan(i_agg) & ~np.isnan(i_err), 0.0, i_agg)
+        agg_frac = np.where(fam == "matmul", error_model.AGG_FLOOR_FRACTION_MATMUL, error_model.AGG_FLOOR_FRACTION)
+        # (a cancelling op sums its inputs' elements: their elementwise errors reach its output as
+        # the whole error vector's norm, not the largest element's relative error)
+        i_el = np.where(cancelling, np.fmax(i_err, i_vec), i_err)
+        a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * agg_frac * red),
+                        np.nan_to_num(i_el, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
                                                                  1.0 / np.sqrt(np.fmax(np.nan_to_num(out_n, nan=1.0), 1.0))))
         s_agg = np.where(np.isinf(o_agg) & np.isinf(a_den), np.nan, o_agg / a_den)
         # cancelling ops (normalisations, reductions, weight/bias gradients): the aggregate channel
@@ -279,7 +287,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
             reason = f"its {what} differs where the benchmark's is exactly zero, while its input error is {_fmt(ie)}"
         elif agg_led[i]:
             reason = (f"{what} norm error {_fmt(o_agg[i])} vs input norm error {_fmt(i_agg[i])} "
-                      f"(floor {_fmt(floor[i] * error_model.AGG_FLOOR_FRACTION)}): amplified {_fmt(score[i])}x, "
+                      f"(floor {_fmt(floor[i] * agg_frac[i])}): amplified {_fmt(score[i])}x, "
                       f"threshold {threshold:g}")
         else:
             reason = (f"{what} error {_fmt(oe)} vs input error {_fmt(ie)} (floor {_fmt(floor[i])}): "
