@@ -168,3 +168,29 @@ def test_autocast_fp16_mask_plus_a_bias_in_float32_is_the_sentinel(tmp_path: Pat
     dev2 = _one_op(tmp_path / "dev2", torch.tensor([1.0, -1000.0, 2.0, 3.0]))
     rows2 = torchparity.compare(str(dev2), str(bench)).rows
     assert not rows2[rows2["tensor"] == "output.0"].iloc[0]["min_sentinel"]
+
+
+def test_device_only_cast_of_an_fp16_mask_is_no_saturation(tmp_path: Path) -> None:
+    """Under fp16 autocast a device-only ``_to_copy`` outputs exactly finfo(float16).min (the
+    mask): with no bench record to pair, an exact dtype max is a sentinel, not an overflow."""
+    x = torch.tensor([0.0, -65504.0, 1.0, 2.0])
+    sides = []
+    for side in ("dev", "bench"):
+        d = SyntheticDump(tmp_path / side)
+        src = d.op("aten.mul.Tensor", "layer", [(x, None), (x, None)], [x])
+        if side == "dev":
+            d.op("aten._to_copy.default", "layer", [(x, src[0])], [x.to(torch.float16)])
+        d.op("aten.add.Tensor", "layer", [(x, src[0]), (x, None)], [x + x])
+        sides.append(str(d.close()))
+    res = torchparity.compare(*sides)
+    rows = res.rows
+    cast = rows[rows["device_name"].str.startswith("Aten._to_copy")]
+    assert len(cast) and (cast["verdict"] != "error").all(), cast[["tensor", "verdict", "reason"]].to_string()
+    # a NaN there still is one
+    y = torch.tensor([0.0, float("nan"), 1.0, 2.0])
+    d = SyntheticDump(tmp_path / "dev2")
+    src = d.op("aten.mul.Tensor", "layer", [(x, None), (x, None)], [x])
+    d.op("aten._to_copy.default", "layer", [(x, src[0])], [y.to(torch.float16)])
+    d.op("aten.add.Tensor", "layer", [(x, src[0]), (x, None)], [x + x])
+    rows2 = torchparity.compare(str(d.close()), sides[1]).rows
+    assert (rows2[rows2["device_name"].str.startswith("Aten._to_copy")]["verdict"] == "error").any()
