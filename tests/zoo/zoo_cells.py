@@ -127,11 +127,11 @@ def dump_identity(level: str, mode: str = "statistics", precision: str = "fp32")
     return cell
 
 
-def lowp_clean(precision: str, level: str) -> Callable[[ZooSpec, Path], Cell]:
+def lowp_clean(precision: str, level: str, steps: int = 1) -> Callable[[ZooSpec, Path], Cell]:
     """A clean low-precision run against its fp32 reference: no root cause, no error row."""
     def cell(spec: ZooSpec, wd: Path) -> Cell:
-        _dump(spec, precision, wd / "dev", level=level)
-        _dump(spec, "fp32", wd / "bench", level=level)
+        _dump(spec, precision, wd / "dev", level=level, steps=steps)
+        _dump(spec, "fp32", wd / "bench", level=level, steps=steps)
         res = _compare(wd / "dev", wd / "bench")
         if res.diverged or not res.complete:
             return Cell(FALSE_ALARM, _describe(res))
@@ -357,6 +357,9 @@ FEATURES["dump-aten-bf16"] = dump_identity("aten", precision="bf16")
 for _p in ("bf16", "fp16"):
     for _lv in LEVELS:
         FEATURES[f"{_p}-vs-fp32-{_lv}"] = lowp_clean(_p, _lv)
+for _lv in ("aten", "module"):  # the second step: weights that one AdamW step moved apart by design
+    FEATURES[f"bf16-vs-fp32-{_lv}-2steps"] = lowp_clean("bf16", _lv, steps=2)
+FEATURES["fp16-vs-fp32-aten-2steps"] = lowp_clean("fp16", "aten", steps=2)
 for _where in _FAULT_SITES:
     for _f in (1.05, 2.0):
         FEATURES[f"fault-{_where}-x{_f:g}"] = planted_fault(_where, _f)

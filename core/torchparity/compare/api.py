@@ -350,7 +350,10 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     rows["judge_dtype"] = rootcause.judge_dtypes(rows, tolerance_dtype, both.get("d_compute_dtype"),
                                                  both.get("b_compute_dtype"))  # modules that computed below fp32
     rows["floor"] = rootcause.floors(rows)
-    arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks)
+    # an earlier step trained on both sides: parameters and optimizer state carry its updates
+    carried = any(s < step for s in dr.steps) and any(s < step for s in br.steps)
+    arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks,
+                                         carried_state=carried)
     rows["input_error"] = arrays["input_error"]
     rows["amplification"] = arrays["amplification"]
     mc = pairs["match"].value_counts().to_dict()

@@ -121,10 +121,17 @@ def producer_columns(prod: np.ndarray) -> tuple[Any, np.ndarray]:
 
 
 def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, rank: int = 0,
-            stacks: dict[int, list[str]] | None = None) -> tuple[dict[str, np.ndarray], list[Suspect]]:
+            stacks: dict[int, list[str]] | None = None,
+            carried_state: bool = False) -> tuple[dict[str, np.ndarray], list[Suspect]]:
     """Score the records of one (step, rank). ``rows`` are compare rows of that pair with
     columns ``d_record_id, order, io, kind, error, floor, producer, arg, match, device_name,
     bench_name, op, module, phase, level, d_stack, args_differ``.
+
+    With ``carried_state`` (both dumps hold an earlier step that was trained), tensors that enter
+    without a producer (parameters, optimizer state) carry what the earlier steps' updates made of
+    them - a bf16 run's weights drift from the fp32 run's by design (Adam turns a gradient that is
+    noise on both sides, like a key bias under softmax, into +-lr) - so they are never reported as
+    sources ("check the weights"); their error is the input error of the ops that read them.
 
     Returns per-row arrays (``input_error``, ``amplification``) and the suspects, earliest first.
     """
@@ -296,7 +303,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
 
     # sources: a tensor without producer that differs while nothing before it differed as much
     src = ins[(ins["p_rid"] < 0) & ins["err"].notna()]
-    if len(src):
+    if len(src) and not carried_state:
         pos = pd.Series(np.arange(len(rec_ids)), index=rec_ids)
         o_sorted_idx = np.argsort(order, kind="stable")
         run_max = np.fmax.accumulate(np.nan_to_num(o_err[o_sorted_idx], nan=0.0, posinf=np.inf, neginf=-np.inf))
