@@ -88,6 +88,8 @@ def _one_value(row: Any, p: str) -> float | None:
 def side_factors(both: Any, p: str) -> tuple[np.ndarray, list[float], str]:
     """Per row of ``both``: the loss scale that side's tensor carries (1.0: none), the scales
     found and how. ``p`` is the column prefix (``"d_"`` or ``"b_"``)."""
+    import pandas as pd
+
     n = len(both)
     f = np.ones(n, dtype="float64")
     rid = both[f"{p}record_id"].to_numpy()
@@ -117,6 +119,16 @@ def side_factors(both: Any, p: str) -> tuple[np.ndarray, list[float], str]:
         v = _one_value(both.iloc[i], p)
         if v:
             known.append(v)
+
+    # a loss-scale op is a forward mul whose output holds one value (the scaled loss): without
+    # one, nothing is scaled (checked vectorised, before the per-record walk below)
+    with np.errstate(invalid="ignore"):
+        mx, mn = (pd.to_numeric(both[f"{p}{c}"], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+                  for c in ("max", "min"))
+        one = (has & (base == "mul") & (phase == "forward") & (io == "output") & (kind == "tensor")
+               & (mx == mn) & np.isfinite(mx) & (mx != 0))
+    if not one.any():
+        return f, [], ""
 
     # first row of each record, records in execution order
     order = np.argsort(rid_i, kind="stable")
