@@ -216,7 +216,13 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         denom = np.fmax(np.nan_to_num(i_err, nan=np.inf, posinf=np.inf, neginf=-np.inf), floor)
         plain = np.where(np.isinf(o_err) & np.isinf(denom), np.nan, o_err / denom)
         # extreme channel: elementwise noise (the dtype's floor), against the inputs' largest error
-        s_ext = np.where(np.isinf(o_ext) & np.isinf(denom), np.nan, o_ext / denom)
+        # (after a trained step, carried_state, the inputs' error is no longer rounding proportional
+        # to each element: parameters drifted by Adam's +-lr on small and large elements alike, so
+        # the error seen at an input's largest element is as large in absolute terms on its small
+        # ones - a slice, a product, a dot product reading them shows it relative to its own,
+        # smaller, magnitude: the extreme channel is measured against the whole error vector, i_vec)
+        e_den = np.fmax(denom, np.nan_to_num(i_vec, nan=0.0)) if carried_state else denom
+        s_ext = np.where(np.isinf(o_ext) & np.isinf(e_den), np.nan, o_ext / e_den)
         # aggregate channel: its own (smaller) floor, against the inputs' aggregate error
         # (elementwise input errors e reach the output's norm too: averaged to ~e/sqrt(n) over n
         # independent elements at best, a fraction AGG_FROM_EXT of e when they are correlated)
