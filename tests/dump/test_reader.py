@@ -544,3 +544,26 @@ def test_msprobe_record_missing_from_construct_is_damage(tmp_path):
     read_unit(open_dump(root).unit(0, 0), w)
     lost = damage(w)
     assert len(lost) == 1 and "names no parent for 1 API record(s)" in lost[0] and _FWD in lost[0], w
+
+
+def test_an_empty_records_file_in_tensor_mode_is_damage_not_a_traceback(tmp_path) -> None:
+    """Fuzz seed 88 (session 5): the compact frame of an empty unit lacked the compute_dtype
+    column that module records now carry: KeyError out of compare."""
+    import torch
+
+    import torchparity
+    from torchparity.compare._testing import SyntheticDump
+
+    for side in ("a", "b"):
+        d = SyntheticDump(tmp_path / side, "tensor")
+        x = torch.ones(3)
+        d.op("aten.mul.Tensor", "m", [(x, None)], [x])
+        d.close()
+    (tmp_path / "a" / "step0" / "rank0" / "records.jsonl").write_text("")
+    from torchparity.errors import TorchparityError
+
+    try:
+        res = torchparity.compare(str(tmp_path / "a"), str(tmp_path / "b"))
+    except TorchparityError:
+        return  # a clear refusal is fine
+    assert not res.complete or res.diverged

@@ -67,7 +67,7 @@ SHOWN_PROBLEMS = 3
 def empty_frame() -> Any:
     import pandas as pd
 
-    return pd.DataFrame({c: pd.Series(dtype="object") for c in COLUMNS})
+    return pd.DataFrame({c: pd.Series(dtype="object") for c in TP_COLUMNS})
 
 
 def _as_is(value: Any, default: Any) -> Any:
