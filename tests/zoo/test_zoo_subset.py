@@ -53,6 +53,9 @@ PASSING = [
     ("qwen2-moe", "dump-api"),
     ("qwen2-moe", "bf16-vs-fp32-module"),
     ("lstm", "fault-bwd-mm-x2-module"),
+    ("gru", "fault-fwd-mm-x1.05-module"),  # Linear module records are matmul-family
+    ("llama-eager", "fault-softmax-x2-module"),  # made inside the parent, between its children
+    ("gru", "bf16-vs-fp32-module-2steps"),
 ]
 
 KNOWN_FAILING: dict[tuple[str, str], str] = {}

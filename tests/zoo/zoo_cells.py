@@ -367,7 +367,10 @@ FEATURES["fault-fwd-mm-x2-mix"] = planted_fault("fwd-mm", 2.0, level="mix")
 for _lv in ("api", "module"):  # the planted faults at the coarser levels: module and phase named
     for _where in ("fwd-mm", "bwd-mm"):
         FEATURES[f"fault-{_where}-x2-{_lv}"] = planted_fault(_where, 2.0, level=_lv)
-FEATURES["fault-fwd-mm-x1.05-api"] = planted_fault("fwd-mm", 1.05, level="api")
+for _lv in ("api", "module", "mix"):  # every planted fault at every level
+    for _where in _FAULT_SITES:
+        for _f in (1.05, 2.0):
+            FEATURES.setdefault(f"fault-{_where}-x{_f:g}-{_lv}", planted_fault(_where, _f, level=_lv))
 FEATURES["fault-fwd-mm-x1.05-fp16"] = planted_fault("fwd-mm", 1.05, precision="fp16")
 FEATURES["fault-bwd-mm-x2-extra-op"] = planted_fault("bwd-mm", 2.0, extra_clone=True)
 FEATURES["naninf-clean"] = naninf_clean("fp32")

@@ -60,7 +60,9 @@ CANCELLING = frozenset({"native_layer_norm", "layer_norm", "native_layer_norm_ba
 CAST = frozenset({"_to_copy", "to", "type_as", "_autocast_to_reduced_precision", "_autocast_to_full_precision",
                   "float", "half", "bfloat16", "double", "type"})
 MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "conv1d", "conv2d",
-                    "conv3d", "einsum", "addbmm", "addmv", "mv", "dot", "_convolution"})
+                    "conv3d", "einsum", "addbmm", "addmv", "mv", "dot", "_convolution",
+                    # module records (the op is the class name)
+                    "Linear", "Conv1d", "Conv2d", "Conv3d", "Conv1D", "NonDynamicallyQuantizableLinear"})
 
 _SPLIT = re.compile(r"[.:]")
 

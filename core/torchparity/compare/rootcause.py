@@ -339,6 +339,14 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
                                    f"exists on the device side only; the next compared input ({recs.iloc[i]['device_name']} "
                                    f"{io['io']}.{io['arg']}) differs by {_fmt(e)} while nothing before it did"))
                 continue
+            j = _enclosing_module(recs, i) if io["io"] != "param" else None
+            if j is not None:  # module level: computed inside the parent, between its recorded children
+                suspects.append(mk(j, e / fl, 0.0, e,
+                                   f"the input {io['arg']} of its child {recs.iloc[i]['device_name']} differs by {_fmt(e)} "
+                                   f"while nothing before it did: it was computed inside this module, between its "
+                                   f"children, by code the module level does not record (dump at api or aten level "
+                                   f"to see the op)"))
+                continue
             kind = "parameter" if io["io"] == "param" else "input"
             suspects.append(mk(i, e / fl, e, float(np.nan_to_num(o_err[i], posinf=np.inf, neginf=-np.inf)),
                                f"{kind} {io['io']}.{io['arg']} already differs by {_fmt(e)} when it enters this op "
@@ -428,6 +436,26 @@ def _against_inputs(r: Any, agg: np.ndarray, norm: np.ndarray, is_in: Any, is_ou
     with np.errstate(divide="ignore", invalid="ignore"):
         factor = np.where(canc & (ref > norm), norm / ref, 1.0)
     return np.where(canc & np.isfinite(factor), agg * factor, agg)
+
+
+def _enclosing_module(recs: Any, i: int) -> int | None:
+    """For a module-level record, the position of its parent module's record of the same phase
+    (the call that encloses it); None for other levels and for a top-level module."""
+    row = recs.iloc[i]
+    if row.get("level") != "module":
+        return None
+    mod = str(row.get("module") or "")
+    if "." not in mod:
+        return None
+    parent = mod.rsplit(".", 1)[0]
+    hit = np.flatnonzero((recs["module"].astype(str).to_numpy(dtype=object) == parent)
+                         & (recs["phase"].to_numpy(dtype=object) == row.get("phase"))
+                         & (recs["level"].to_numpy(dtype=object) == "module"))
+    if not len(hit):
+        return None
+    order = recs["order"].to_numpy()
+    after = hit[order[hit] >= order[i]]  # a parent's record is written when its call returns
+    return int(after[0]) if len(after) else int(hit[-1])
 
 
 def _in_subtree(module: str, parent: str) -> bool:
