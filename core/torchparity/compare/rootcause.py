@@ -231,8 +231,10 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         i_agg_k = np.where(np.isnan(i_agg) & ~np.isnan(i_err), 0.0, i_agg)
         agg_frac = np.where(fam == "matmul", error_model.AGG_FLOOR_FRACTION_MATMUL, error_model.AGG_FLOOR_FRACTION)
         # (a cancelling op sums its inputs' elements: their elementwise errors reach its output as
-        # the whole error vector's norm, not the largest element's relative error)
-        i_el = np.where(cancelling, np.fmax(i_err, i_vec), i_err)
+        # the whole error vector's norm, not the largest element's relative error; a parameter
+        # gradient of a module-level dump sums products over the batch, whose elements carry the
+        # inputs' relative error and whose norm averages it out: its own reduction allowance)
+        i_el = np.where(cancelling & ~sink, np.fmax(i_err, i_vec), i_err)
         a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * agg_frac * red),
                         np.nan_to_num(i_el, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
                                                                  1.0 / np.sqrt(np.fmax(np.nan_to_num(out_n, nan=1.0), 1.0))))
