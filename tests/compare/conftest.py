@@ -90,3 +90,23 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
 def small_config() -> TinyConfig:
     """The TinyLlama configuration every compare test dumps."""
     return SMALL
+
+
+@pytest.fixture()
+def zoo(monkeypatch: pytest.MonkeyPatch):
+    """``tests/zoo/zoo_cells`` (its models in ``zoo.ZOO``), imported with one torch thread as the
+    zoo runner uses; removed from ``sys.modules`` afterwards."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "zoo"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    import zoo_cells
+
+    yield zoo_cells
+    torch.set_num_threads(before)
+    sys.modules.pop("zoo_cells", None)
+    sys.modules.pop("zoo_models", None)

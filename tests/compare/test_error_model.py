@@ -7,7 +7,6 @@ and outputs ~0 by cancellation are not blamed for error that came from their inp
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ import torchparity
 from torchparity.compare import error_model
 from torchparity.compare._testing import SyntheticDump, mlp_stack_dump
 
-ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 #: the calibration was measured with torch 2.13; an older torch may lack a bf16 CPU kernel
 _OLD_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
 
@@ -90,17 +88,6 @@ def test_output_zero_by_cancellation_is_judged_against_its_inputs(tmp_path: Path
     res = torchparity.compare(dev, bench)
     assert res.root_cause is None, res.root_cause and res.root_cause.reason
 
-
-@pytest.fixture()
-def zoo(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(ZOO_DIR))
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    import zoo_cells
-
-    yield zoo_cells
-    torch.set_num_threads(before)
-    sys.modules.pop("zoo_cells", None)
 
 
 @pytest.mark.parametrize("model", ["cnn", "gru"])

@@ -8,7 +8,6 @@ indices) made a discrete choice from inputs that already differed: not the root 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,20 +16,8 @@ import torch
 import torchparity
 from torchparity.compare._testing import SyntheticDump
 
-ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 _OLD_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
 
-
-@pytest.fixture()
-def zoo(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(ZOO_DIR))
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    import zoo_cells
-
-    yield zoo_cells
-    torch.set_num_threads(before)
-    sys.modules.pop("zoo_cells", None)
 
 
 @pytest.mark.parametrize(("model", "feature"), [("gru", "fault-bwd-mm-x2-module"), ("gru", "bf16-vs-fp32-module"),
