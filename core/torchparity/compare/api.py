@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import DumpError, TorchparityError, UsageError
 from ..results import CompareResult, Suspect
 from . import integrity, loss_scale, matching, rootcause
+from .suspects import rank_suspects
 from .judge import judge
 from .rows import MIN_PAIRED_FRACTION  # noqa: F401  (re-exported: the documented constant)
 from .rows import add_tensor_metrics as _add_tensor_metrics
@@ -171,7 +172,7 @@ def compare(
     integrity.agree_with_suspects(rows, suspects)
 
     root = _first([sus[0] for sus in pair_sus if sus])  # each pair's root cause: innermost, earliest
-    ranked = rootcause.rank_suspects(([root] if root else []) + [s for s in suspects if s is not root])
+    ranked = rank_suspects(([root] if root else []) + [s for s in suspects if s is not root])
     s = summary(rows, dev, ben, mode, root, per_pair, warnings, threshold, checkers, time.perf_counter() - t0)
     warnings += incomplete_warnings(rows, s)
     result = CompareResult(rows=rows, summary=s, root_cause=root, suspects=ranked,

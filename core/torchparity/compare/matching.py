@@ -453,8 +453,6 @@ def _joint_key(d: Any, b: Any, cols: list[str]) -> tuple[Any, Any]:
 def pair_rows(dev_rows: Any, bench_rows: Any, pairs: Any) -> Any:
     """Pair tensor rows of matched records by (io, arg). Returns one frame with ``d_*``/``b_*``
     columns and ``match`` (``unmatched`` for a tensor present on one side only)."""
-    import pandas as pd
-
     dv = dev_rows.add_prefix("d_")
     bv = bench_rows.add_prefix("b_")
     p = pairs.rename(columns={"dev_rid": "d_record_id", "bench_rid": "b_record_id"})

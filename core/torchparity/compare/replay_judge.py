@@ -317,7 +317,7 @@ def judge_suspects(dev_path: Any, pair_sus: Sequence[list[Suspect]], per_pair: S
     import time
 
     from ..dump.reader import TensorLoader, open_dump, read_unit
-    from .rootcause import _prefer_inner
+    from .suspects import _prefer_inner
 
     reader = open_dump(dev_path)
     budget = max(0, int(limit))
