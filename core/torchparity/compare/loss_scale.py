@@ -367,14 +367,9 @@ def _divide(rows: Any, both: Any, fd: np.ndarray, fb: np.ndarray, sel: np.ndarra
         cols = {c: rows[c].to_numpy(dtype=object, copy=True) for c in metrics.TENSOR_METRICS}
         for i in t_at:
             a, b = loader.load(dt[i]), loader.load(bt[i])
-            m = metrics.tensor_metrics(a.double() / fd[i], b.double() / fb[i])
-            for c in metrics.TENSOR_METRICS:
-                cols[c][i] = m[c]
-            nfm[i] = nfm[i] or m["nonfinite_mismatch"]
-            if rows["match"].iat[i] != "unmatched":
-                err[i] = m["rel_l2"]
+            metrics.put_tensor_metrics(cols, nfm, err, i, metrics.tensor_metrics(a.double() / fd[i], b.double() / fb[i]),
+                                       rows["match"].iat[i] != "unmatched")
         loader.close()
-        for c in metrics.TENSOR_METRICS:
-            rows[c] = cols[c] if c == "worst_index" else cols[c].astype("float64")
+        metrics.tensor_metric_columns(rows, cols)
         rows["nonfinite_mismatch"] = nfm
     rows["error"] = err

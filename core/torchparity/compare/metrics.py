@@ -110,6 +110,23 @@ def stat_metrics(d: dict[str, np.ndarray], b: dict[str, np.ndarray], n: np.ndarr
     return out
 
 
+def put_tensor_metrics(cols: dict[str, np.ndarray], nfm: np.ndarray, err: np.ndarray, i: int,
+                       m: dict[str, Any], matched: bool) -> None:
+    """Store one pair's :func:`tensor_metrics` ``m`` at row ``i`` of the metric columns, the
+    NaN/Inf-mismatch flags and (for a paired row) the error, in place."""
+    for c in TENSOR_METRICS:
+        cols[c][i] = m[c]
+    nfm[i] = nfm[i] or m["nonfinite_mismatch"]
+    if matched:
+        err[i] = m["rel_l2"]
+
+
+def tensor_metric_columns(rows: Any, cols: dict[str, np.ndarray]) -> None:
+    """Write the metric columns filled by :func:`put_tensor_metrics` back into ``rows``."""
+    for c in TENSOR_METRICS:
+        rows[c] = cols[c] if c == "worst_index" else cols[c].astype("float64")
+
+
 def _to_f64(t: Any) -> np.ndarray:
     import torch
 

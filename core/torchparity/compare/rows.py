@@ -346,15 +346,9 @@ def add_tensor_metrics(rows: Any, both: Any, warnings: list[str], allow_partial:
         if a.numel() != b.numel():
             reasons[i] = f"shape differs ({tuple(a.shape)} vs {tuple(b.shape)})"
             continue
-        m = metrics.tensor_metrics(a, b)
-        for c in metrics.TENSOR_METRICS:
-            cols[c][i] = m[c]
-        nfm[i] = nfm[i] or m["nonfinite_mismatch"]
-        if rows["match"].iat[i] != "unmatched":
-            err[i] = m["rel_l2"]
+        metrics.put_tensor_metrics(cols, nfm, err, i, metrics.tensor_metrics(a, b), rows["match"].iat[i] != "unmatched")
     loader.close()
-    for c in metrics.TENSOR_METRICS:
-        rows[c] = cols[c] if c == "worst_index" else cols[c].astype("float64")
+    metrics.tensor_metric_columns(rows, cols)
     rows["error"] = err
     rows["nonfinite_mismatch"] = nfm
     rows["note"] = reasons
