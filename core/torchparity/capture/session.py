@@ -25,29 +25,10 @@ from ..records import OpRecord, TensorEntry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .stacks import StackTable
 from .stats import host_stats, stats_to_dict, stats_tensor, tensor_checksum
+from .tool_state import _tool_state, tool_is_busy, tool_work  # noqa: F401 (re-exported)
 from .uninit import UninitStorages
 
 _SCALAR_TYPES = (int, float, bool, str, type(None))
-
-_tool_state = threading.local()
-
-
-def tool_is_busy() -> bool:
-    """True while torchparity itself computes on this thread (statistics, checksums, reference
-    ops). Dispatch modes of other torchparity components (the emulated device, the NaN/Inf
-    tracker, online compare) pass such ops through untouched and unrecorded."""
-    return getattr(_tool_state, "busy", 0) > 0
-
-
-class tool_work:
-    """Context manager marking the tool's own computation (see :func:`tool_is_busy`)."""
-
-    def __enter__(self) -> None:
-        _tool_state.busy = getattr(_tool_state, "busy", 0) + 1
-
-    def __exit__(self, *exc: Any) -> None:
-        _tool_state.busy -= 1
-
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _DEVICE_NAMES: dict[torch.device, str] = {}

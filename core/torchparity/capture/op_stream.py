@@ -1,0 +1,412 @@
+"""The op stream: every aten op of the model intercepted once, handed to every consumer.
+
+One :class:`~torch.utils._python_dispatch.TorchDispatchMode` (:class:`OpStream`'s mode) sees each
+kernel call. What every consumer needs to know about the call is worked out once and shared
+through an :class:`OpCall`: what the op is (:class:`OpInfo`, once per overload: its dump-style
+prefix and base name, view / in-place / written arguments / random / collective), the phase
+(forward, backward, recompute, optimizer), its dump-style name within the step
+(``Aten.mm.3.forward``: one counter per ``(prefix, base, phase)``, reset at each step end, so a
+NaN finding, an online-compare failure, an emulated fault index and a dump record of the same op
+carry the same name), and its module (path and class, lazily: only a consumer that asks pays).
+
+Consumers (the dump's aten sink, the NaN/Inf screen, online compare, the emulated device's
+computation, a third party's) subclass :class:`OpConsumer` and are :meth:`attached
+<OpStream.attach>` for as long as they run. They form a chain, ordered by :attr:`OpConsumer.layer`
+(observers outside, a consumer that changes how ops compute, such as the emulated device,
+innermost, so that observers see what the device computed) and then by attach order; each one's
+:meth:`~OpConsumer.on_op` gets the call and a ``run(*args, **kwargs)`` that runs the rest of the
+chain and, at its end, the kernel. Running the dump, the NaN tracker and online compare together
+costs one interception.
+
+While a consumer's ``on_op`` runs, the stream's mode is off the mode stack (that is how dispatch
+modes work), so the tool's own computations (statistics, screens, reference ops) are never
+intercepted by the stream; :func:`~torchparity.capture.session.tool_work` still marks them for
+any *other* mode below.
+
+The stream also keeps what every consumer needs to trust a measurement across ops: a write
+generation per storage (:meth:`OpStream.storage_generation`), bumped after every op that writes
+into a tensor (from the op schema's alias info), so "this value was already measured" is decided
+from one table.
+
+``capture/`` imports nothing from ``dump/``, ``online/``, ``compare/`` or ``cli/``: consumers are
+handed to the stream, never looked up by it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import ops as opinfo
+from .module_tracker import Frame, ModuleTracker, in_backward, tag_graph
+from .tool_state import tool_is_busy
+
+#: the key under which the stream tags autograd nodes with the module that created them
+STREAM_KEY = "torchparity.stream"
+
+#: :attr:`OpConsumer.layer` of consumers that only observe (outermost)
+LAYER_OBSERVER = 0
+#: :attr:`OpConsumer.layer` of consumers that change how an op computes (innermost)
+LAYER_DEVICE = 100
+
+#: ops the dump's naming does not count (bookkeeping, metadata queries)
+UNCOUNTED_OPS = frozenset({"detach", "alias", "lift_fresh", "_local_scalar_dense", "is_same_size",
+                           "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel",
+                           "sym_storage_offset"})
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What an op overload is, computed once per overload and shared by every consumer."""
+
+    func: Any
+    base: str  #: ``mm``, ``add_``
+    namespace: str  #: ``aten``, ``c10d``
+    op: str  #: ``aten.mm.default``
+    prefix: str  #: ``Aten`` or ``Distributed`` (the dump's record prefix)
+    counted: bool  #: named (and counted) like a dump record; False for bookkeeping ops
+    collective: bool
+    view: bool
+    inplace: bool
+    random: bool
+    writes: tuple[tuple[int, str, bool], ...]  #: (position, name, is a tensor list) written
+
+
+def _make_info(func: Any) -> OpInfo:
+    base = opinfo.base_name(func)
+    ns = opinfo.namespace(func)
+    collective = opinfo.is_collective(func)
+    return OpInfo(func=func, base=base, namespace=ns, op=str(func), prefix="Distributed" if collective else "Aten",
+                  counted=not (base in UNCOUNTED_OPS or ns == "profiler"), collective=collective,
+                  view=opinfo.is_view(func), inplace=opinfo.is_inplace(func), random=opinfo.is_random(func),
+                  writes=opinfo.written_args(func))
+
+
+class OpCall:
+    """One intercepted kernel call, as every consumer sees it.
+
+    ``phase`` and ``index`` (the call's number among ``(prefix, base, phase)`` in the step) are
+    set for every counted op; the module is looked up on the first :meth:`where`.
+    """
+
+    __slots__ = ("info", "phase", "index", "_stream", "_where")
+
+    def __init__(self, info: OpInfo, phase: str, index: int, stream: "OpStream") -> None:
+        self.info = info
+        self.phase = phase
+        self.index = index  # -1 for uncounted ops
+        self._stream = stream
+        self._where: tuple[str, str | None] | None = None
+
+    @property
+    def func(self) -> Any:
+        return self.info.func
+
+    @property
+    def name(self) -> str | None:
+        """The dump's record name (``Aten.mm.3.forward``), None for ops the dump does not count."""
+        i = self.info
+        return f"{i.prefix}.{i.base}.{self.index}.{self.phase}" if self.index >= 0 else None
+
+    @property
+    def step(self) -> int:
+        """The stream's step (steps ended since the stream started)."""
+        return self._stream.step
+
+    def where(self) -> tuple[str, str | None]:
+        """(module path, module class) of the module running the op: the innermost running
+        module in forward, the module whose forward created the autograd node in backward."""
+        w = self._where
+        if w is None:
+            w = self._where = self._stream.module_of(self.phase)
+        return w
+
+    @property
+    def module(self) -> str:
+        return self.where()[0]
+
+
+class OpConsumer:
+    """Base class of a consumer of the op stream (see the module doc).
+
+    Override :meth:`on_op`; the default passes the call on. Attach with
+    :meth:`OpStream.attach` (or ``with stream.attached(consumer):``).
+    """
+
+    #: position in the chain: :data:`LAYER_OBSERVER` (outside) .. :data:`LAYER_DEVICE` (inside)
+    layer: int = LAYER_OBSERVER
+    #: set to True to have the stream track modules (``OpCall.where()``); costs module hooks
+    needs_modules: bool = False
+
+    def on_op(self, call: OpCall, args: tuple, kwargs: dict, run: Callable[..., Any]) -> Any:
+        """Handle one op: return ``run(*args, **kwargs)`` (the rest of the chain and the kernel),
+        observing the arguments before and the result after, or compute the result another way
+        (device-layer consumers). Never change ``args`` in place."""
+        return run(*args, **kwargs)
+
+    def on_step_end(self, step: int) -> None:
+        """The stream's step ``step`` ended (``optimizer.step()`` of the first optimizer, or
+        :meth:`OpStream.next_step`), before name counters are reset."""
+
+    def on_detach(self) -> None:
+        """The consumer left the stream."""
+
+
+class _Next:
+    """``run`` handed to consumer ``i``: calls consumer ``i + 1`` (or the kernel)."""
+
+    __slots__ = ("chain", "i", "call", "func")
+
+    def __init__(self, chain: tuple[OpConsumer, ...], i: int, call: OpCall, func: Any) -> None:
+        self.chain, self.i, self.call, self.func = chain, i, call, func
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        i = self.i
+        if i >= len(self.chain):
+            return self.func(*args, **kwargs)
+        return self.chain[i].on_op(self.call, args, kwargs, _Next(self.chain, i + 1, self.call, self.func))
+
+
+class _StreamMode(TorchDispatchMode):
+    def __init__(self, stream: "OpStream") -> None:
+        super().__init__()
+        self.stream = stream
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return self.stream._dispatch(func, args, kwargs or {})
+
+
+class OpStream:
+    """The process's op stream (get it with :func:`op_stream`)."""
+
+    def __init__(self) -> None:
+        self._consumers: list[OpConsumer] = []
+        self._chain: tuple[OpConsumer, ...] = ()
+        self._mode: _StreamMode | None = None
+        self._infos: dict[int, OpInfo] = {}
+        self._keep: list[Any] = []  # overloads whose id() keys _infos
+        self._counters: dict[tuple[str, str, str], int] = {}
+        self._write_gen: dict[int, int] = {}
+        self._lock = threading.RLock()
+        self.step = 0
+        self.in_optimizer = False
+        self._first_optimizer: int | None = None
+        self._hooks: list[Any] = []
+        self.tracker: ModuleTracker | None = None
+        self._roots: list[torch.nn.Module] = []
+        #: interceptions so far (what the counting bench reads)
+        self.intercepted = 0
+
+    # ---- consumers ---------------------------------------------------------------------------
+    @property
+    def consumers(self) -> tuple[OpConsumer, ...]:
+        return self._chain
+
+    def attach(self, consumer: OpConsumer, model: torch.nn.Module | None = None) -> None:
+        """Add ``consumer`` to the chain (the stream's mode is entered by the first one). With
+        ``model``, modules are named by their path in it."""
+        with self._lock:
+            if consumer in self._consumers:
+                return
+            self._consumers.append(consumer)
+            self._chain = tuple(sorted(self._consumers, key=lambda c: c.layer))  # stable: attach order
+            if model is not None and not any(r is model for r in self._roots):
+                self._roots.append(model)
+                if self.tracker is not None:
+                    self.tracker.add_root(model)
+            if consumer.needs_modules and self.tracker is None:
+                self._start_tracker()
+            if len(self._consumers) == 1:
+                self._start()
+
+    def detach(self, consumer: OpConsumer) -> None:
+        """Remove ``consumer``; the last one out leaves the mode stack (if the stream's mode is on
+        top of it; otherwise the mode stays as a pass-through until it can leave)."""
+        with self._lock:
+            if consumer not in self._consumers:
+                return
+            self._consumers.remove(consumer)
+            self._chain = tuple(sorted(self._consumers, key=lambda c: c.layer))
+            try:
+                consumer.on_detach()
+            finally:
+                if self.tracker is not None and not any(c.needs_modules for c in self._consumers):
+                    self.tracker.stop()
+                    self.tracker = None
+                if not self._consumers:
+                    self._stop()
+
+    def attached(self, consumer: OpConsumer, model: torch.nn.Module | None = None) -> "_Attached":
+        """``with stream.attached(consumer): ...``"""
+        return _Attached(self, consumer, model)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def _start(self) -> None:
+        import torch.optim.optimizer as optim_mod
+
+        self.step = 0
+        self._counters.clear()
+        self._write_gen.clear()
+        self.in_optimizer = False
+        self._first_optimizer = None
+        self._hooks = [optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre),
+                       optim_mod.register_optimizer_step_post_hook(self._on_opt_post)]
+        if self._mode is None:
+            self._mode = _StreamMode(self)
+            self._mode.__enter__()
+
+    def _stop(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._roots = []
+        mode = self._mode
+        if mode is not None and _top_mode() is mode:
+            self._mode = None
+            mode.__exit__(None, None, None)
+        # else: another mode was entered after ours and is still active; ours stays below it as
+        # a pass-through (no consumers) and is reused by the next attach
+
+    def _start_tracker(self) -> None:
+        t = ModuleTracker()
+        t.want_seq = True
+        for r in self._roots:
+            t.add_root(r)
+        t.on_exit.append(self._tag_backward)
+        t.start()
+        self.tracker = t
+
+    def _tag_backward(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
+        tag_graph(output, (frame.path, frame.cls), key=STREAM_KEY, since=frame.seq0)
+
+    # ---- steps -------------------------------------------------------------------------------
+    def next_step(self) -> None:
+        """End the current step: consumers' :meth:`~OpConsumer.on_step_end`, then counters reset."""
+        for c in self._chain:
+            c.on_step_end(self.step)
+        self.step += 1
+        self._counters.clear()
+        if self.tracker is not None:
+            self.tracker.new_step()
+
+    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.in_optimizer = True
+
+    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.in_optimizer = False
+        if self._first_optimizer is None:
+            self._first_optimizer = id(optimizer)
+        if id(optimizer) == self._first_optimizer:  # several optimizers: one step per iteration
+            self.next_step()
+
+    # ---- per op ------------------------------------------------------------------------------
+    def info(self, func: Any) -> OpInfo:
+        """The :class:`OpInfo` of an overload (cached)."""
+        i = self._infos.get(id(func))  # OpOverload.__hash__ is Python code; overloads live forever
+        if i is None:
+            i = self._infos[id(func)] = _make_info(func)
+            self._keep.append(func)
+        return i
+
+    def phase(self) -> str:
+        if self.in_optimizer:
+            return "optimizer"
+        if in_backward():
+            t = self.tracker
+            frame = t.current() if t is not None else None
+            return "recompute" if frame is not None and frame.recompute else "backward"
+        return "forward"
+
+    def module_of(self, phase: str) -> tuple[str, str | None]:
+        t = self.tracker
+        if t is None:
+            return "", None
+        if phase == "backward":
+            try:
+                node = torch._C._current_autograd_node()
+                tag = node.metadata.get(STREAM_KEY) if node is not None else None
+            except (AttributeError, RuntimeError):
+                tag = None
+            return (tag[0], tag[1]) if tag else ("", None)
+        frame = t.current()
+        return (frame.path, frame.cls) if frame is not None else ("", None)
+
+    def storage_generation(self, t: torch.Tensor) -> int:
+        """How many writes the stream has seen into ``t``'s storage (0: none)."""
+        return self._write_gen.get(opinfo.storage_ptr(t), 0)
+
+    def note_writes(self, tensors: Iterable[Any]) -> None:
+        """Tensors written outside the stream's sight (by the tool's consumers' own bookkeeping)."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                p = opinfo.storage_ptr(t)
+                if p:
+                    self._write_gen[p] = self._write_gen.get(p, 0) + 1
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        chain = self._chain
+        if not chain or tool_is_busy():
+            return func(*args, **kwargs)
+        self.intercepted += 1
+        info = self._infos.get(id(func))
+        if info is None:
+            info = self.info(func)
+        if info.counted:
+            phase = self.phase()
+            key = (info.prefix, info.base, phase)
+            n = self._counters.get(key, 0)
+            self._counters[key] = n + 1
+        else:
+            phase, n = "", -1
+        call = OpCall(info, phase, n, self)
+        if len(chain) == 1:
+            out = chain[0].on_op(call, args, kwargs, func)
+        else:
+            out = chain[0].on_op(call, args, kwargs, _Next(chain, 1, call, func))
+        if info.writes:
+            self.note_writes(_written(args, kwargs, info.writes))
+        return out
+
+
+def _written(args: tuple, kwargs: dict, writes: tuple[tuple[int, str, bool], ...]) -> list[Any]:
+    out: list[Any] = []
+    for i, name, _ in writes:
+        v = args[i] if i < len(args) else kwargs.get(name)
+        if isinstance(v, (list, tuple)):
+            out.extend(v)
+        elif v is not None:
+            out.append(v)
+    return out
+
+
+def _top_mode() -> Any:
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        stack = _get_current_dispatch_mode_stack()
+        return stack[-1] if stack else None
+    except Exception:  # pragma: no cover - private API moved
+        return None
+
+
+class _Attached:
+    def __init__(self, stream: OpStream, consumer: OpConsumer, model: torch.nn.Module | None) -> None:
+        self.stream, self.consumer, self.model = stream, consumer, model
+
+    def __enter__(self) -> OpConsumer:
+        self.stream.attach(self.consumer, self.model)
+        return self.consumer
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stream.detach(self.consumer)
+
+
+_STREAM = OpStream()
+
+
+def op_stream() -> OpStream:
+    """The process's op stream."""
+    return _STREAM
