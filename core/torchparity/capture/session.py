@@ -19,8 +19,8 @@ from typing import Any, Collection, Iterable
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ..dump.options import DumpOptions, compile_patterns, matches
-from ..dump.writer import Batch, DumpWriter
+from .batch import Batch, RecordSink
+from .options import DumpOptions, compile_patterns, matches
 from ..records import OpRecord, TensorEntry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .stacks import StackTable
@@ -137,7 +137,7 @@ class TensorMemo:
 class CaptureSession:
     """State shared by all interceptors of one dump."""
 
-    def __init__(self, options: DumpOptions, writer: DumpWriter, tracker: ModuleTracker) -> None:
+    def __init__(self, options: DumpOptions, writer: RecordSink, tracker: ModuleTracker) -> None:
         self.options = options
         self.writer = writer
         self.tracker = tracker

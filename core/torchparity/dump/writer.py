@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from ..records import FORMAT_NAME, FORMAT_VERSION, OpRecord, TensorEntry
+from ..capture.batch import Batch  # noqa: F401 (re-exported: the record batch lives with capture)
 from ..capture.stats import stats_to_dict
 
 log = logging.getLogger("torchparity")
@@ -53,21 +54,6 @@ try:  # orjson encodes records ~5x faster than json.dumps; the writer thread the
 except ImportError:  # pragma: no cover - orjson is a dependency; stay usable without it
     def _record_line(d: dict[str, Any]) -> str:
         return json.dumps(d, allow_nan=False) + "\n"
-
-
-@dataclass
-class Batch:
-    step: int
-    rank: int
-    records: list[OpRecord]
-    stat_slots: list[TensorEntry]  # entries whose stats are rows of `stats`, in order
-    stats: torch.Tensor | None  # [n, 6] on the device
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> CPU tensor
-    tensor_owner: dict[str, TensorEntry] = field(default_factory=dict)
-    nbytes: int = 0
-    # entries whose value equals a tensor saved for another entry (this batch or earlier in the
-    # step): they get that tensor's file, or no file if it was not saved (max_bytes)
-    tensor_refs: list[TensorEntry] = field(default_factory=list)
 
 
 @dataclass

@@ -1,0 +1,47 @@
+"""What capture hands to its sink: batches of records, and the sink's interface.
+
+The capture session knows nothing of where records go; the dump's writer
+(:class:`torchparity.dump.writer.DumpWriter`) is one :class:`RecordSink`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from ..records import OpRecord, TensorEntry
+
+
+@dataclass
+class Batch:
+    """Records of one step and rank, with their statistics still on the device."""
+
+    step: int
+    rank: int
+    records: list[OpRecord]
+    stat_slots: list[TensorEntry]  # entries whose stats are rows of `stats`, in order
+    stats: torch.Tensor | None  # [n, 6] on the device
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> CPU tensor
+    tensor_owner: dict[str, TensorEntry] = field(default_factory=dict)
+    nbytes: int = 0
+    # entries whose value equals a tensor saved for another entry (this batch or earlier in the
+    # step): they get that tensor's file, or no file if it was not saved (max_bytes)
+    tensor_refs: list[TensorEntry] = field(default_factory=list)
+
+
+class RecordSink(Protocol):
+    """Where a :class:`~torchparity.capture.session.CaptureSession` sends what it captured."""
+
+    def submit(self, batch: Batch) -> None:
+        """Take a batch (the sink may finish it on another thread)."""
+
+    def end_step(self, step: int) -> None:
+        """Step ``step`` is over: no more batches for it."""
+
+    def add_modules(self, modules: list[tuple[str, str, str | None]]) -> None:
+        """Modules seen for the first time: (path, class, parent path)."""
+
+    def add_stack(self, step: int, rank: int, sid: int, frames: list[str]) -> None:
+        """A call stack first seen in this step, under id ``sid``."""
