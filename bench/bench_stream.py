@@ -1,0 +1,200 @@
+"""Every consumer of the op stream, alone and together: ``python bench/bench_stream.py``.
+
+Times forward + backward + AdamW with the tool off, an empty TorchDispatchMode (the floor of any
+dispatch-mode tool), the NaN/Inf screen, the dump at each level with statistics, and the dump +
+NaN/Inf screen (+ online compare with ``--online``) running together, all in this process,
+interleaved (see ``bench/_common.py``). "Together" should cost one interception plus each
+consumer's own work, not the sum of separate tools: the table shows the sum of the separate
+overheads beside it. Models: ``bench`` (the 4 M-parameter bench TinyLlama) and ``llama100m``
+(a ~100 M-parameter Hugging Face ``LlamaConfig``, random init, batch 1 x 128; needs transformers).
+Writes bench/results/stream.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Bench, fmt_ratio, machine, model_line, time_configs  # noqa: E402
+
+import torchparity  # noqa: E402
+
+
+class EmptyMode(TorchDispatchMode):
+    """Calls every kernel unchanged: the cost of the dispatch-mode machinery alone."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return func(*args, **(kwargs or {}))
+
+
+class LlamaBench:
+    """A ~100 M-parameter HF Llama (random init), same interface as :class:`_common.Bench`."""
+
+    def __init__(self, device: str = "cpu", hidden: int = 768, layers: int = 8, seq: int = 128,
+                 batch: int = 1) -> None:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        self.cfg = LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
+                               num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                               num_key_value_heads=hidden // 64, max_position_embeddings=seq,
+                               attn_implementation="eager")
+        self.device = torch.device(device)
+        self.model = LlamaForCausalLM(self.cfg).to(self.device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, self.cfg.vocab_size, (batch, seq), generator=g).to(self.device)
+        self.batch, self.seq = batch, seq
+
+    def step(self) -> torch.Tensor:
+        logits = self.model(input_ids=self.ids).logits
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), self.ids[:, 1:].reshape(-1))
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return loss
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def line(self) -> str:
+        n = sum(p.numel() for p in self.model.parameters())
+        c = self.cfg
+        return (f"HF LlamaForCausalLM (eager attention, random init) hidden={c.hidden_size} "
+                f"intermediate={c.intermediate_size} layers={c.num_hidden_layers} heads={c.num_attention_heads} "
+                f"vocab={c.vocab_size}, batch {self.batch}x{self.seq} tokens, {n / 1e6:.1f} M parameters, float32, "
+                f"forward + cross-entropy + backward + AdamW, device {self.device}")
+
+
+class _Tools:
+    """Runs several tools as one context (entered in order, left in reverse)."""
+
+    def __init__(self, root: str, bench: Any, dump_level: str | None, naninf: bool, online: bool) -> None:
+        self.dir = tempfile.mkdtemp(dir=root)
+        self.stack = contextlib.ExitStack()
+        self.parts: list[Any] = []
+        if dump_level is not None:
+            self.parts.append(lambda: torchparity.dump(self.dir, level=dump_level, mode="statistics", model=bench.model))
+        if naninf:
+            self.parts.append(lambda: torchparity.NanInfTracker(bench.model))
+        if online:
+            from torchparity.online.compare import CompareWithReference
+
+            self.parts.append(lambda: CompareWithReference(reference="cpu", model=bench.model))
+
+    def __enter__(self) -> "_Tools":
+        for make in self.parts:
+            self.stack.enter_context(make())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stack.close()
+
+    def cleanup(self) -> None:  # called by time_configs after the clock stopped
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _intercepted_per_step(bench: Any, make: Any) -> str:
+    """Ops the op stream intercepted in one step with this configuration (n/a before the stream)."""
+    try:
+        from torchparity.capture.op_stream import op_stream
+    except ImportError:
+        return "n/a"
+    s = op_stream()
+    ctx = make()
+    with ctx:
+        bench.step()
+        n0 = s.intercepted
+        bench.step()
+        n1 = s.intercepted
+    if hasattr(ctx, "cleanup"):
+        ctx.cleanup()
+    return str(n1 - n0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 epilog="example: python bench/bench_stream.py --model bench --rounds 5")
+    ap.add_argument("--model", default="bench", choices=["bench", "llama100m", "quick"],
+                    help="bench (4 M TinyLlama, default), llama100m (HF Llama ~100 M), quick (smoke test)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported (default 5)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps after starting the tools (default 1)")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per round (default 2)")
+    ap.add_argument("--levels", default="module,api,aten,mix", help="dump levels to time alone (default all four)")
+    ap.add_argument("--online", action="store_true",
+                    help="also time online compare against the CPU reference (re-runs every op: costly by design)")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "stream.md"),
+                    help="results file (default bench/results/stream.md)")
+    a = ap.parse_args(argv)
+    bench: Any = LlamaBench(a.device) if a.model == "llama100m" else Bench(a.device, quick=a.model == "quick")
+    line = bench.line() if isinstance(bench, LlamaBench) else model_line(bench)
+    root = tempfile.mkdtemp(prefix="tp-bench-stream-")
+
+    def tools(level: str | None, naninf: bool = False, online: bool = False) -> Any:
+        return lambda: _Tools(root, bench, level, naninf, online)
+
+    configs: dict[str, Any] = {"tool off": None, "empty TorchDispatchMode": EmptyMode,
+                               "NaN/Inf screen": tools(None, naninf=True)}
+    for level in [x for x in a.levels.split(",") if x]:
+        configs[f"dump {level}"] = tools(level)
+    configs["dump aten + NaN/Inf"] = tools("aten", naninf=True)
+    if a.online:
+        configs["online compare"] = tools(None, online=True)
+        configs["dump aten + NaN/Inf + online"] = tools("aten", naninf=True, online=True)
+    print(line, flush=True)
+    try:
+        res = time_configs(bench, configs, rounds=a.rounds, warmup=a.warmup, steps=a.steps)
+        counts = {name: _intercepted_per_step(bench, make) for name, make in configs.items() if make is not None}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    base = res["tool off"]
+
+    def over(name: str) -> float:
+        return res[name].median / base.median - 1.0
+
+    lines = [
+        "# The op stream: its consumers alone and together",
+        "",
+        f"Command: `python bench/bench_stream.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip(),
+        "",
+        f"- Model: {line}",
+        *[f"- {k}: {v}" for k, v in machine().items()],
+        f"- Load average before: {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "",
+        f"- Protocol: {a.rounds} interleaved rounds x ({a.warmup} warm-up + {a.steps} timed steps); median per-step "
+        "time; ratio = median / tool-off median in the same process. Dumps at statistics mode.",
+        "",
+        "| configuration | ms/step (median) | ratio vs tool off | ops intercepted per step |",
+        "|---|---|---|---|",
+    ]
+    for name, t in res.items():
+        lines.append(f"| {name} | {t.median * 1000:.1f} | {fmt_ratio(t, base)} | {counts.get(name, '-')} |")
+    together = [("dump aten + NaN/Inf", ["dump aten", "NaN/Inf screen"])]
+    if a.online:
+        together.append(("dump aten + NaN/Inf + online", ["dump aten", "NaN/Inf screen", "online compare"]))
+    lines += ["", "| together | overhead together | sum of the separate overheads |", "|---|---|---|"]
+    for name, parts in together:
+        if all(not res[p].error for p in parts + [name]):
+            lines.append(f"| {name} | {over(name):+.2f} | {sum(over(p) for p in parts):+.2f} |")
+    lines.append("")
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(x for x in lines if x is not None))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
