@@ -197,35 +197,18 @@ def _engine_quiet() -> Iterator[None]:
         logger.removeFilter(flt)
 
 
-def _manual_steps(locator: Any) -> None:
-    """torch_musa advances steps only on ``step()``: keep the locator's optimizer hooks for the
-    ``optimizer`` phase, but without their step advance."""
-    import torch.optim.optimizer as optim_mod
-
-    for h in getattr(locator, "_hooks", []):
-        h.remove()
-
-    def post(optimizer: Any, args: Any, kwargs: Any) -> None:
-        locator.in_optimizer = False
-
-    locator._hooks = [optim_mod.register_optimizer_step_pre_hook(locator._on_opt_pre),
-                      optim_mod.register_optimizer_step_post_hook(post)]
-
-
 # ---- CompareWithCPU ----------------------------------------------------------------------------
 
 
 class _Engine(CompareWithReference):
     """The online compare, reporting its findings to the façade as they happen."""
 
+    #: torch_musa advances steps only on ``step()`` (the stream still tells the optimizer phase)
+    manual_steps = True
+
     def __init__(self, facade: "CompareWithCPU", **kw: Any) -> None:
         super().__init__(**kw)
         self.facade = facade
-
-    def start(self) -> "_Engine":
-        super().start()
-        _manual_steps(self._locator)
-        return self
 
     def _log(self, level: int, text: str) -> None:
         """The engine's lines stay in :attr:`log_lines`; only the façade's sink prints (to stdout
@@ -235,12 +218,11 @@ class _Engine(CompareWithReference):
         if text.startswith(MARK_SUMMARY) or (text.startswith(MARK_ERROR) and " could not save " in text):
             self.facade._emit(text)
 
-    def _selected(self, func: Any, module: str) -> bool:
-        ok = super()._selected(func, module)
+    def _selected(self, func: Any, module: str, phase: str = "") -> bool:
+        ok = super()._selected(func, module, phase)
         if not ok and self.facade.white_list and any(
                 _matches(p, func) for p in self.facade.white_list) and (
                 self.target_ops is None or any(_matches(p, func) for p in self.target_ops)):
-            phase = self._locator.where()[0]
             self.facade._emit(f"{self.facade._label(module, str(func), phase)} is in white_list, pass")
         return ok
 
@@ -346,7 +328,7 @@ class CompareWithCPU:
     def step(self) -> None:
         """Advance ``step_cnt`` (the compare is active while ``start_step <= step_cnt < end_step``)."""
         self.step_cnt += 1
-        if self.engine is not None and self.engine._locator is not None:
+        if self.engine is not None and self.engine.running:
             self.engine.step()
             self._step_header()
 
