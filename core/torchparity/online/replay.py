@@ -19,8 +19,7 @@ from ..capture.session import tool_work
 from ..errors import UsageError
 from .case import load_case, resolve_op
 from .failure import OnlineFailure, describe, format_failure
-from .judge import judge_outputs
-from .judge import JudgeOptions
+from .judge import JudgeOptions, judge_outputs
 from .reference import collect_outputs, run_reference
 
 
