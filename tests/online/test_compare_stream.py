@@ -216,3 +216,27 @@ def test_step_ends_the_stream_step_for_every_consumer() -> None:
     assert seen == [0, 1, 2] and c.current_step == 3
     with pytest.raises(torchparity.errors.UsageError, match="not running"):
         c.step()
+
+
+def test_torch_musa_facade_steps_only_on_its_step_and_ends_no_empty_stream_step() -> None:
+    from torchparity.compat.torch_musa import CompareWithCPU
+
+    seen: list[int] = []
+
+    class Watch(OpConsumer):
+        def on_step_end(self, step: int) -> None:
+            seen.append(step)
+
+    model, w, s = _net(), Watch(), op_stream()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with s.attached(w):
+        with CompareWithCPU(target_op=["torch.ops.aten.mm"]) as c:
+            for _ in range(3):  # optimizer.step() ends the stream's step; step() adds no empty one
+                _train(model, steps=1, opt=opt)
+                c.step()
+            for _ in range(2):  # no optimizer: step() ends the stream's step
+                with torch.no_grad():
+                    model(torch.randn(4, 8))
+                c.step()
+    assert c.step_cnt == 5 and c.engine.current_step == 5
+    assert seen == [0, 1, 2, 3, 4]
