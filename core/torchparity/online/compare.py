@@ -8,16 +8,21 @@
         train(model)          # steps advance on optimizer.step(); c.step() by hand
     print(c.first_failure)
 
-For each op (a TorchDispatchMode, so backward and optimizer kernels are seen too) the inputs are
-copied to the reference backend *before* the device op runs (in-place ops would mutate them), the
-op runs on the device, then on the reference twice — in the device's dtype and in high precision
+The compare is a consumer of the op stream (:func:`~torchparity.capture.op_stream.op_stream`: one
+TorchDispatchMode for every torchparity tool, so backward and optimizer kernels are seen too, and
+a dump or NaN/Inf screen running alongside costs no second interception). It takes the op's
+name, phase and module from the stream (see :mod:`.locate`). For each op the inputs are copied to
+the reference backend *before* the device op runs (in-place ops would mutate them), the op runs
+on the device (the rest of the stream's chain: a device-layer consumer such as the emulated
+device computes it), then on the reference twice — in the device's dtype and in high precision
 (fp64 on the CPU) — and every output is judged fairly (see :mod:`.judge`). Views, random ops (op
 tag ``nondeterministic_seeded``) and collectives are skipped with the reason in the log; for
 tie-sensitive ops (sort, topk, max.dim ...) only values are compared, not indices.
 
 The device is whatever the tensors live on; ``backend="emulated"`` runs the model on the emulated
-device (CPU emulation of a bf16/fp16 device with planted faults), and an :func:`emulate` context
-entered *outside* this one is detected: the device is then judged at the emulated precision.
+device (CPU emulation of a bf16/fp16 device with planted faults), and an emulated device already
+running (an :func:`emulate` context entered *outside* this one, or an emulated consumer on the op
+stream) is detected: the device is then judged at the emulated precision.
 
 Log lines carry greppable markers: ``[torchparity:error]`` (a failing op), ``[torchparity:naninf]``
 (NaN/Inf in a device output), ``[torchparity:skip]`` (an op that cannot be compared, once per op
@@ -30,93 +35,29 @@ import fnmatch
 import logging
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch.utils._pytree import tree_flatten
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture import ops as opinfo
-from ..capture.session import current_rank, tool_is_busy, tool_work
-from ..errors import TorchparityError, UsageError
-from ..plugin_types import VERDICT_RANK, CheckResult
+from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, op_stream
+from ..capture.session import current_rank, tool_work
+from ..errors import UsageError
 from .case import safe_name, save_case
-from .judge import JudgeOptions, dtype_name, judge_output, worst_elements
+from .failure import (MARK_ERROR, MARK_NANINF, MARK_SKIP, MARK_SUMMARY, CompareFailure, OnlineFailure,
+                      describe, format_failure)
+from .judge import JudgeOptions, OpVerdict, dtype_name, judge_outputs
 from .locate import OpLocator
 from .reference import collect_outputs, run_reference, snapshot
 
+__all__ = ["CompareWithReference", "CompareFailure", "OnlineFailure", "OpVerdict", "describe", "format_failure",
+           "judge_outputs", "skip_reason", "MARK_ERROR", "MARK_NANINF", "MARK_SKIP", "MARK_SUMMARY"]
+
 log = logging.getLogger("torchparity")
 
-MARK_ERROR = "[torchparity:error]"
-MARK_NANINF = "[torchparity:naninf]"
-MARK_SKIP = "[torchparity:skip]"
-MARK_SUMMARY = "[torchparity:summary]"
 _WIDE = (torch.float32, torch.float64)
-
-
-@dataclass
-class OnlineFailure:
-    """One op whose device output failed against the reference."""
-
-    name: str  # dump-style record name, e.g. Aten.mm.3.forward
-    op: str  # aten.mm.default
-    module: str
-    module_class: str | None
-    step: int
-    rank: int
-    phase: str
-    output: int  # index of the worst output
-    checker: str
-    verdict: str
-    reason: str
-    metrics: dict[str, Any] = field(default_factory=dict)
-    worst: list[dict[str, Any]] = field(default_factory=list)
-    inputs: list[str] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    case: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class CompareFailure(TorchparityError):
-    """Raised by ``on_failure="stop"`` at the first failing op; ``.failure`` says which."""
-
-    exit_code = 1
-
-    def __init__(self, failure: OnlineFailure) -> None:
-        super().__init__(f"online compare failed at {failure.name} (module {failure.module or '<root>'}, "
-                         f"step {failure.step}): {failure.reason}" + (f"; case saved in {failure.case}" if failure.case else ""))
-        self.failure = failure
-
-
-def describe(t: Any) -> str:
-    if isinstance(t, torch.Tensor):
-        return f"{dtype_name(t.dtype)}{list(t.shape)} {t.device}"
-    return repr(t)[:60]
-
-
-def format_failure(f: OnlineFailure, emulated: str | None = None) -> str:
-    """The multi-line log block of one failure (also printed by ``torchparity replay``)."""
-    where = f"step {f.step} rank {f.rank} {f.phase}"
-    lines = [f"{MARK_ERROR} {f.name} ({f.op}) module={f.module or '<root>'} {where}: {f.reason} [{f.checker}]"]
-    lines.append("    inputs:  " + "; ".join(f.inputs))
-    lines.append("    outputs: " + "; ".join(f.outputs) + (f"  (emulated {emulated} device)" if emulated else ""))
-    shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in f.metrics.items()}
-    lines.append("    metrics: " + " ".join(f"{k}={v}" for k, v in shown.items()))
-    if f.worst:
-        lines.append("    worst:   " + " | ".join(
-            f"{w['index']} device={w['device']:.6g} reference={w['reference']:.6g}" if isinstance(w["device"], float)
-            and isinstance(w["reference"], float) else f"{w['index']} device={w['device']} reference={w['reference']}"
-            for w in f.worst))
-    for n in f.notes:
-        lines.append(f"    note:    {n}")
-    if f.case:
-        lines.append(f"    case:    {f.case}  (re-run: torchparity replay {f.case})")
-    return "\n".join(lines)
 
 
 def _patterns(p: Iterable[str] | str | None) -> list[str] | None:
@@ -149,64 +90,11 @@ def skip_reason(func: Any) -> str | None:
     return None
 
 
-@dataclass
-class OpVerdict:
-    """The worst output of one op: its index, the verdict and its worst elements."""
-
-    output: int
-    result: CheckResult
-    worst: list[dict[str, Any]] = field(default_factory=list)
-
-
-def judge_outputs(func: Any, name: str, device_outs: Sequence[torch.Tensor | None],
-                  same_outs: Sequence[torch.Tensor | None], high_outs: Sequence[torch.Tensor | None], *,
-                  same_dtype: Any, checkers: Sequence[Any], options: JudgeOptions, n_worst: int = 5) -> OpVerdict | None:
-    """Judge every output of one op; the worst verdict wins (``None``: nothing was judged).
-
-    Floating device outputs are judged in the device's compute dtype ``same_dtype(dtype)`` (for an
-    emulated bf16 device: bf16, exactly representing its values)."""
-    tie = opinfo.is_tie_sensitive(func)
-    op = str(func)
-    worst: tuple[int, CheckResult, torch.Tensor, Any, Any] | None = None
-    for i, d in enumerate(device_outs):
-        if d is None or i >= len(same_outs) or same_outs[i] is None:
-            continue
-        dcpu = d.detach().to("cpu")
-        same, high = same_outs[i], high_outs[i]
-        jdtype = dcpu.dtype
-        if dcpu.dtype.is_floating_point:
-            jdtype = same_dtype(dcpu.dtype)
-            dcpu = dcpu.to(jdtype)
-            same = same.to(jdtype) if same.dtype.is_floating_point else same
-        r = judge_output(dcpu, same, high, dtype=dtype_name(jdtype), op=op, name=name,
-                         checkers=checkers, options=options, tie_sensitive=tie)
-        if r.verdict == "skip":
-            continue
-        if worst is None or VERDICT_RANK[r.verdict] > VERDICT_RANK[worst[1].verdict]:
-            worst = (i, r, dcpu, same, high)
-    if worst is None:
-        return None
-    i, r, dcpu, same, high = worst
-    elems: list[dict[str, Any]] = []
-    if r.verdict != "pass" and dcpu.dtype.is_floating_point and high is not None and tuple(high.shape) == tuple(dcpu.shape):
-        elems = worst_elements(dcpu, same, high, n_worst)
-    return OpVerdict(i, r, elems)
-
-
-class _CompareMode(TorchDispatchMode):
-    def __init__(self, owner: "CompareWithReference") -> None:
-        super().__init__()
-        self.owner = owner
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if tool_is_busy():
-            return func(*args, **kwargs)
-        return self.owner._on_op(func, args, kwargs)
-
-
-class CompareWithReference:
+class CompareWithReference(OpConsumer):
     """Check every op of the wrapped code against a reference backend (see module doc).
+
+    An observer on the op stream (:data:`~torchparity.capture.op_stream.LAYER_OBSERVER`, module
+    tracking on): :meth:`start` attaches it, :meth:`stop` detaches it.
 
     Args:
         reference: reference backend name (default: ``backends.reference`` of plugins.yaml, "cpu").
@@ -226,6 +114,11 @@ class CompareWithReference:
         judge: options of the built-in judge (used when no online checker is installed).
         worst: how many worst elements to show per failure.
     """
+
+    layer = LAYER_OBSERVER
+    needs_modules = True
+    #: steps advance only on :meth:`step` (the torch_musa façade), never on ``optimizer.step()``
+    manual_steps = False
 
     def __init__(self, reference: str | None = None, *, backend: str | None = None,
                  target_ops: Sequence[str] | str | None = None, ignore_ops: Sequence[str] | str | None = None,
@@ -260,6 +153,8 @@ class CompareWithReference:
         self.saved = 0
         self.log_lines: list[str] = []
         self.emulated_dtype: torch.dtype | None = None
+        self._mode_emulated: torch.dtype | None = None  # an emulated device mode below ours
+        self._chain_seen: tuple[OpConsumer, ...] | None = None
         # state
         self._stack: ExitStack | None = None
         self._locator: OpLocator | None = None
@@ -312,16 +207,21 @@ class CompareWithReference:
             stack.enter_context(b.activate())
 
     def _detect_emulation(self) -> None:
-        try:
-            from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+        """Is the device emulated, and at which dtype? An emulated device is either a dispatch
+        mode below the stream's (entered before) or a consumer on the op stream (a device-layer
+        consumer with ``torchparity_emulated``: looked up again whenever the chain changes)."""
+        if self._chain_seen is None:  # at start: the mode stack
+            try:
+                from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-            modes = _get_current_dispatch_mode_stack()
-        except Exception:  # pragma: no cover
-            modes = []
-        for m in reversed(modes):
-            if getattr(m, "torchparity_emulated", False):
-                self.emulated_dtype = getattr(m, "emulated_dtype", None)
-                return
+                modes = _get_current_dispatch_mode_stack()
+            except Exception:  # pragma: no cover - private API moved
+                modes = []
+            self._mode_emulated = next((getattr(m, "emulated_dtype", None) for m in reversed(modes)
+                                        if getattr(m, "torchparity_emulated", False)), None)
+        chain = self._chain_seen = op_stream().consumers
+        consumer = next((c for c in reversed(chain) if getattr(c, "torchparity_emulated", False)), None)
+        self.emulated_dtype = getattr(consumer, "emulated_dtype", None) if consumer is not None else self._mode_emulated
 
     def start(self) -> "CompareWithReference":
         if self._stack is not None:
@@ -329,15 +229,17 @@ class CompareWithReference:
         stack = ExitStack()
         try:
             self._setup_backends(stack)
-            self._detect_emulation()
             if self.log_file is not None:
                 self.log_file.parent.mkdir(parents=True, exist_ok=True)
                 self._fh = open(self.log_file, "a", encoding="utf-8")
                 stack.callback(self._fh.close)
-            self._locator = OpLocator(self.model)
-            stack.enter_context(self._locator)
+            self._locator = OpLocator(manual=self.manual_steps)
             self._rank = current_rank()
-            stack.enter_context(_CompareMode(self))
+            self._chain_seen = None
+            stream = op_stream()
+            stream.attach(self, model=self.model)
+            stack.callback(stream.detach, self)  # before the backend leaves (LIFO)
+            self._detect_emulation()
         except BaseException:
             stack.close()
             raise
@@ -362,11 +264,23 @@ class CompareWithReference:
         finally:
             stack.close()
 
+    @property
+    def running(self) -> bool:
+        return self._stack is not None
+
     def step(self) -> None:
-        """End the current step by hand (steps also end on ``optimizer.step()``)."""
-        if self._locator is None:
+        """End the current step by hand (steps also end on ``optimizer.step()``).
+
+        This ends the op stream's step, so every tool on the stream (a dump running alongside
+        too) starts a new step and its op names restart (``Aten.mm.0...``)."""
+        if self._stack is None or self._locator is None:
             raise UsageError("the online compare is not running")
         self._locator.next_step()
+
+    def on_step_end(self, step: int) -> None:
+        """The op stream ended a step (``optimizer.step()`` or ``op_stream().next_step()``)."""
+        if self._locator is not None:
+            self._locator.stream_step_ended()
 
     def __enter__(self) -> "CompareWithReference":
         return self.start()
@@ -389,7 +303,7 @@ class CompareWithReference:
             return False
         return self.ranks is None or self._rank in self.ranks
 
-    def _selected(self, func: Any, module: str) -> bool:
+    def _selected(self, func: Any, module: str, phase: str = "") -> bool:
         if self.target_ops is not None and not _op_matches(self.target_ops, func):
             return False
         if self.ignore_ops and _op_matches(self.ignore_ops, func):
@@ -411,23 +325,29 @@ class CompareWithReference:
             return self.emulated_dtype
         return dtype
 
-    def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        loc = self._locator
-        phase, module, module_class = loc.where()
-        name = loc.name(func, phase)
-        if name is None or not self._active() or not self._selected(func, module):
-            return func(*args, **kwargs)
+    def on_op(self, call: OpCall, args: tuple, kwargs: dict, run: Callable[..., Any]) -> Any:
+        """One op from the stream: inputs copied, ``run`` (the device), then the reference."""
+        name = call.name
+        if name is None or not self._active():
+            return run(*args, **kwargs)
+        if op_stream().consumers is not self._chain_seen:  # a consumer came or left: emulated?
+            self._detect_emulation()
+        func, phase = call.info.func, call.phase
+        module, module_class = call.where()
+        if not self._selected(func, module, phase):
+            return run(*args, **kwargs)
         reason = skip_reason(func)
         flat_in = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if reason is None and any(t.layout != torch.strided or t.device.type == "meta" for t in flat_in):
             reason = "non-strided or meta tensor: not supported by the reference"
         if reason is not None:
             self._skip(name, func, reason)
-            return func(*args, **kwargs)
+            return run(*args, **kwargs)
+        # the stream's mode is off the stack here: tool_work is for the other modes below it
         with tool_work():
             ref_args, ref_kwargs = snapshot((args, kwargs), "cpu")
             in_desc = [f"{i}: {describe(t)}" for i, t in enumerate(flat_in)]
-        out = func(*args, **kwargs)
+        out = run(*args, **kwargs)
         with tool_work():
             try:
                 failure = self._check(func, name, module, module_class, phase, args, kwargs, out, ref_args,

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..capture import ops as opinfo
 from ..plugin_types import VERDICT_RANK, CheckContext, CheckResult
 
 #: torch.testing.assert_close defaults (rtol, atol)
@@ -174,3 +175,47 @@ def judge_output(device: torch.Tensor, same: torch.Tensor | None, high: torch.Te
     for r in results:
         metrics.update(r.metrics)
     return CheckResult(worst.checker, worst.verdict, worst.reason, metrics)
+
+
+@dataclass
+class OpVerdict:
+    """The worst output of one op: its index, the verdict and its worst elements."""
+
+    output: int
+    result: CheckResult
+    worst: list[dict[str, Any]] = field(default_factory=list)
+
+
+def judge_outputs(func: Any, name: str, device_outs: Sequence[torch.Tensor | None],
+                  same_outs: Sequence[torch.Tensor | None], high_outs: Sequence[torch.Tensor | None], *,
+                  same_dtype: Any, checkers: Sequence[Any], options: JudgeOptions, n_worst: int = 5) -> OpVerdict | None:
+    """Judge every output of one op; the worst verdict wins (``None``: nothing was judged).
+
+    Floating device outputs are judged in the device's compute dtype ``same_dtype(dtype)`` (for an
+    emulated bf16 device: bf16, exactly representing its values)."""
+    tie = opinfo.is_tie_sensitive(func)
+    op = str(func)
+    worst: tuple[int, CheckResult, torch.Tensor, Any, Any] | None = None
+    for i, d in enumerate(device_outs):
+        if d is None or i >= len(same_outs) or same_outs[i] is None:
+            continue
+        dcpu = d.detach().to("cpu")
+        same, high = same_outs[i], high_outs[i]
+        jdtype = dcpu.dtype
+        if dcpu.dtype.is_floating_point:
+            jdtype = same_dtype(dcpu.dtype)
+            dcpu = dcpu.to(jdtype)
+            same = same.to(jdtype) if same.dtype.is_floating_point else same
+        r = judge_output(dcpu, same, high, dtype=dtype_name(jdtype), op=op, name=name,
+                         checkers=checkers, options=options, tie_sensitive=tie)
+        if r.verdict == "skip":
+            continue
+        if worst is None or VERDICT_RANK[r.verdict] > VERDICT_RANK[worst[1].verdict]:
+            worst = (i, r, dcpu, same, high)
+    if worst is None:
+        return None
+    i, r, dcpu, same, high = worst
+    elems: list[dict[str, Any]] = []
+    if r.verdict != "pass" and dcpu.dtype.is_floating_point and high is not None and tuple(high.shape) == tuple(dcpu.shape):
+        elems = worst_elements(dcpu, same, high, n_worst)
+    return OpVerdict(i, r, elems)

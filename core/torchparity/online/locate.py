@@ -1,104 +1,51 @@
-"""Where an op runs: step, phase, module path and its dump-style record name.
+"""Where an op runs, for online compare: the op stream's names, and the compare's own steps.
 
-Online tools (compare, trackers) run without a dump, yet must name ops exactly like the dump's aten
-records (``Aten.mm.3.forward``) so that their findings line up with dumps and with the emulated
-device's fault indices. :class:`OpLocator` keeps the same counters (per ``Aten.<op>.<phase>`` in a
-step, the dump's bookkeeping ops excluded), follows modules with the dump's
-:class:`~torchparity.capture.module_tracker.ModuleTracker`, attributes backward ops to the module
-whose forward created their autograd node (its own ``grad_fn.metadata`` key, so a dump running at
-the same time keeps its tags), and advances the step on ``optimizer.step()``.
+The op stream (:mod:`torchparity.capture.op_stream`) works out once per op what every consumer
+names it by: its dump-style record name (``call.name``, ``Aten.mm.3.forward``: the same name the
+dump, the NaN/Inf screen and the emulated device's fault indices use), its phase (``call.phase``)
+and its module (``call.where()``: the innermost running module in forward, the module whose
+forward created the autograd node in backward). Online compare reads those; what it keeps itself
+is its *step number* (:class:`OpLocator`), because ``start_step``/``end_step`` count from the
+moment the compare started, whoever else was already on the stream.
+
+Steps end for everybody at once: the stream ends a step on the first optimizer's ``step()`` or on
+:meth:`~torchparity.capture.op_stream.OpStream.next_step` (which
+:meth:`CompareWithReference.step() <torchparity.online.compare.CompareWithReference.step>` calls),
+and every consumer (a dump running alongside included) sees the same step end. In *manual* mode
+(the torch_musa façade, whose steps advance only on its own ``step()``) the compare's step number
+advances only on :meth:`OpLocator.next_step`, which ends the stream's step too unless an
+optimizer step already did since the last one (so a dump alongside sees no empty steps).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch.utils._pytree import tree_flatten
-
-from ..capture import ops as opinfo
-from ..capture.aten_mode import _SKIP as UNCOUNTED_OPS
-from ..capture.module_tracker import Frame, ModuleTracker, tag_graph, where_now
-
-_META_KEY = "torchparity.online"
+from ..capture.op_stream import op_stream
 
 
 class OpLocator:
-    """Step/phase/module tracking and dump-compatible op naming. Use as a context manager."""
+    """The online compare's step number over the op stream (see the module doc)."""
 
-    def __init__(self, model: torch.nn.Module | None = None) -> None:
+    def __init__(self, manual: bool = False) -> None:
         self.step = 0
-        self.tracker = ModuleTracker()
-        if model is not None:
-            self.tracker.add_root(model)
-        self.tracker.on_exit.append(self._tag_backward)
-        self.tracker.want_seq = True
-        self.in_optimizer = False
-        self._first_optimizer: int | None = None
-        self._hooks: list[Any] = []
-        self._counters: dict[tuple[str, str, str], int] = {}
-        self._step_listeners: list[Any] = []
+        #: steps advance only on :meth:`next_step` (never on the stream's own step ends)
+        self.manual = manual
+        self._stream_ended = False
 
-    # ---- lifecycle ------------------------------------------------------------------------
-    def start(self) -> "OpLocator":
-        import torch.optim.optimizer as optim_mod
-
-        self.tracker.start()
-        self._hooks = [
-            optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre),
-            optim_mod.register_optimizer_step_post_hook(self._on_opt_post),
-        ]
-        return self
-
-    def stop(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        self.tracker.stop()
-
-    def __enter__(self) -> "OpLocator":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def on_step_end(self, fn: Any) -> None:
-        """Call ``fn(step)`` when a step ends (before the counter advances)."""
-        self._step_listeners.append(fn)
+    def stream_step_ended(self) -> None:
+        """The stream ended a step (called from the consumer's ``on_step_end``)."""
+        if self.manual:
+            self._stream_ended = True
+        else:
+            self.step += 1
 
     def next_step(self) -> None:
-        for fn in self._step_listeners:
-            fn(self.step)
+        """End the step by hand: the stream's step ends for every consumer (in manual mode only
+        when no stream step ended since the last call), and the compare's step advances."""
+        if not self.manual:
+            op_stream().next_step()  # comes back through stream_step_ended
+            return
+        ended, self._stream_ended = self._stream_ended, False
+        if not ended:
+            op_stream().next_step()
+        self._stream_ended = False
         self.step += 1
-        self._counters.clear()
-        self.tracker.new_step()
-
-    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.in_optimizer = True
-
-    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.in_optimizer = False
-        if self._first_optimizer is None:
-            self._first_optimizer = id(optimizer)
-        if id(optimizer) == self._first_optimizer:  # several optimizers: one step per iteration
-            self.next_step()
-
-    # ---- where ----------------------------------------------------------------------------
-    def _tag_backward(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
-        tag_graph(output, (frame.path, frame.cls), key=_META_KEY, since=frame.seq0)
-
-    def where(self) -> tuple[str, str, str | None]:
-        """(phase, module path, module class) of the op running now."""
-        return where_now(self.tracker, self.in_optimizer, _META_KEY)
-
-    def name(self, func: Any, phase: str) -> str | None:
-        """The dump's record name for this call (advances the counter), or ``None`` for the ops
-        the dump does not record."""
-        base = opinfo.base_name(func)
-        if base in UNCOUNTED_OPS or opinfo.namespace(func) == "profiler":
-            return None
-        prefix = "Distributed" if opinfo.is_collective(func) else "Aten"
-        key = (prefix, base, phase)
-        n = self._counters.get(key, 0)
-        self._counters[key] = n + 1
-        return f"{prefix}.{base}.{n}.{phase}"

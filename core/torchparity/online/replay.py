@@ -18,8 +18,8 @@ import torch
 from ..capture.session import tool_work
 from ..errors import UsageError
 from .case import load_case, resolve_op
-from .compare import OnlineFailure, describe, format_failure, judge_outputs
-from .judge import JudgeOptions
+from .failure import OnlineFailure, describe, format_failure
+from .judge import JudgeOptions, judge_outputs
 from .reference import collect_outputs, run_reference
 
 
