@@ -129,6 +129,7 @@ class StatBatcher:
         self.force_fallback = force_fallback  # use the scatter reductions (tests)
         self._groups: dict[tuple[torch.device, torch.dtype], _Group] = {}
         self.queued = 0  # values added since the last flush
+        self.added = 0  # values added in all (for the counting bench)
         self.flushes = 0  # flushes that moved rows to the host (for the counting bench)
 
     # ---- measure time --------------------------------------------------------------------
@@ -142,6 +143,7 @@ class StatBatcher:
         if g is None:
             g = self._groups[key] = _Group(v.device, sd)
         self.queued += 1
+        self.added += 1
         limit = self.budget_bytes // (8 if sd == torch.float64 else 4)
         if n > limit or type(v) not in _PLAIN:  # too large to stage, or a tensor subclass
             return self._single(g, v)
