@@ -7,7 +7,7 @@ The capture session knows nothing of where records go; the dump's writer
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -22,7 +22,9 @@ class Batch:
     rank: int
     records: list[OpRecord]
     stat_slots: list[TensorEntry]  # entries whose stats are rows of `stats`, in order
-    stats: torch.Tensor | None  # [n, 6] on the device
+    # one row [max, min, mean, norm, nan, inf] per stat slot: a HostRows of the statistics batcher
+    # (its tolist() waits for the flush's one device-to-host copy) or a [n, 6] tensor
+    stats: Any
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> CPU tensor
     tensor_owner: dict[str, TensorEntry] = field(default_factory=dict)
     nbytes: int = 0

@@ -42,6 +42,9 @@ class DumpOptions:
     batch_size: int = 256  # records per write batch (a killed process loses at most one batch)
     fsync: bool = True  # fsync each batch (crash safety against power loss, not only kills)
     max_queue_bytes: int = 1 << 30  # tensors waiting for the writer thread before training waits
+    # measure CPU tensors through the batched device path, as on an accelerator (one kernel per
+    # value, one host copy per flush): for tests and the counting bench; off = read at once
+    device_stats: bool = False
     backend: str | None = None  # device backend: described in the header and activated around the run (default: guessed, not activated)
 
     def __post_init__(self) -> None:
@@ -71,6 +74,9 @@ class DumpOptions:
             self.op_range = list(self.op_range)
         if self.op_range_end not in ("inclusive", "exclusive"):
             raise UsageError(f"op_range_end must be inclusive or exclusive (got {self.op_range_end!r})")
+        if not isinstance(self.device_stats, bool):
+            raise UsageError(f"device_stats must be true or false (got {self.device_stats!r}); it measures CPU "
+                             f"tensors through the batched accelerator path")
         if self.stack is None:
             self.stack = self.level != "aten"
 

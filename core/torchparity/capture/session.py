@@ -24,7 +24,8 @@ from .options import DumpOptions, compile_patterns, matches
 from ..records import OpRecord, TensorEntry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .stacks import StackTable
-from .stats import host_stats, stats_to_dict, stats_tensor, tensor_checksum
+from .stat_batch import HostRows, RowRef, StatBatcher
+from .stats import host_stats, stats_to_dict, tensor_checksum
 from .tool_state import _tool_state, tool_is_busy, tool_work  # noqa: F401 (re-exported)
 from .uninit import UninitStorages
 
@@ -159,7 +160,11 @@ class CaptureSession:
         self._write_gen: dict[int, int] = {}
         self.uninit = UninitStorages()  # storages made by empty* and not written yet (aten level)
         self._pending: list[OpRecord] = []
-        self._pending_stats: list[torch.Tensor] = []
+        self._pending_stats: list[RowRef] = []  # rows of the batcher, one per entry of _pending_slots
+        # values off the CPU (and CPU values with device_stats) are measured by the batcher: one
+        # kernel per value, one device-to-host copy per flush; CPU values read at once otherwise
+        self._batcher = StatBatcher()
+        self._host_stats = not options.device_stats
         self._pending_slots: list[TensorEntry] = []
         self._pending_tensors: dict[str, torch.Tensor] = {}
         self._pending_owner: dict[str, TensorEntry] = {}
@@ -367,7 +372,7 @@ class CaptureSession:
         o = self.options
         hit = self._lookup(v) if self.reuse_stats else None
         if hit is None:
-            st = host_stats(v) if v.device.type == "cpu" else stats_tensor(v)
+            st = host_stats(v) if self._host_stats and v.device.type == "cpu" else self._batcher.add(v)
             md5 = key = key_shape = None
         else:
             st, md5, key, key_shape = hit
@@ -517,21 +522,22 @@ class CaptureSession:
             self.flush()
 
     def flush(self) -> None:
-        """Hand the pending records to the writer thread (one stacked stats tensor per batch)."""
+        """Hand the pending records to the writer thread, their statistics reduced by the batcher
+        in a constant number of kernels and on their way to the host in one copy per device."""
         if len(self.tracker.known_modules) > self._modules_sent:
             self.writer.add_modules(self.tracker.known_modules[self._modules_sent:])
             self._modules_sent = len(self.tracker.known_modules)
         if not self._pending:
             return
         stats = None
-        if self._pending_stats:
+        if self._batcher.queued:
             prev, self.busy = self.busy, True
             try:
-                stats = torch.stack([s.to(torch.float64) if s.device.type == "cpu" else s.float() for s in self._pending_stats]) \
-                    if len({s.device for s in self._pending_stats}) == 1 else \
-                    torch.stack([s.detach().to("cpu", torch.float64) for s in self._pending_stats])
+                self._batcher.flush()  # a constant number of kernels, one transfer per device group
             finally:
                 self.busy = prev
+        if self._pending_stats:
+            stats = HostRows(self._pending_stats)  # rows read by the writer thread
         batch = Batch(self.step, self._rank, self._pending, self._pending_slots, stats,
                       self._pending_tensors, self._pending_owner, self._pending_bytes, self._pending_refs)
         self._pending, self._pending_stats, self._pending_slots = [], [], []

@@ -1,7 +1,7 @@
 """Tensor statistics computed on the tensor's own device, without a host sync per tensor.
 
-:func:`stats_tensor` returns a small device tensor ``[max, min, mean, norm, nan, inf]``; the dump
-writer stacks many of them and brings them to the host in one transfer per batch.
+:func:`stats_tensor` returns a small device tensor ``[max, min, mean, norm, nan, inf]`` (about ten
+kernels: the batcher of :mod:`.stat_batch` uses it only for a value larger than its staging budget).
 :func:`host_stats` is the CPU path: reading a CPU scalar costs no device sync, so the values are
 read at once, with as few passes over the tensor as possible (``aminmax``, ``sum``, ``dot``).
 """
@@ -44,7 +44,8 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
         acc = _acc_dtype(t)
         mn, mx = _aminmax(t)
         mean = t.mean(dtype=acc)
-        norm = torch.linalg.vector_norm(t, dtype=acc)
+        # float64 where it is cheap: squares of huge float32/bfloat16 values overflow float32
+        norm = torch.linalg.vector_norm(t, dtype=torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else acc)
         if t.device.type == "cpu" and math.isfinite(mx.item()) and math.isfinite(mn.item()):
             # On the CPU reading a value costs no device sync. max/min propagate NaN and show
             # +-Inf, so finite extremes mean there is nothing to count: skip two full passes.
@@ -52,8 +53,8 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
         else:
             nan = torch.count_nonzero(torch.isnan(t))
             inf = torch.count_nonzero(torch.isinf(t))
-        out = torch.stack([mx.to(acc), mn.to(acc), mean, norm, nan.to(acc), inf.to(acc)])
-        return out.to(torch.float64) if acc == torch.float64 else out
+        rd = torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else acc  # a norm past float32's range
+        return torch.stack([mx.to(rd), mn.to(rd), mean.to(rd), norm.to(rd), nan.to(rd), inf.to(rd)])
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
     acc = torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else torch.float32
@@ -119,6 +120,9 @@ def host_stats(t: torch.Tensor) -> list[float] | None:
         total = t.sum(dtype=torch.float32).item()
         norm = torch.linalg.vector_norm(t, dtype=torch.float32).item()
     if math.isfinite(hi) and math.isfinite(lo):
+        if not (math.isfinite(total) and math.isfinite(norm)):  # the sum or the squares overflowed
+            total = t.sum(dtype=torch.float64).item()
+            norm = torch.linalg.vector_norm(t, dtype=torch.float64).item()
         nan = inf = 0.0
     else:
         nan = float(torch.count_nonzero(torch.isnan(t)).item())

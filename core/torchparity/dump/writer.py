@@ -257,7 +257,8 @@ class DumpWriter:
     def _write_batch(self, b: Batch) -> None:
         rf = self._rank_files(b.step, b.rank)
         if b.stats is not None and b.stat_slots:
-            values = b.stats.cpu().tolist()
+            # a HostRows waits here (the writer thread) for its flush's device-to-host copy
+            values = b.stats.tolist() if not isinstance(b.stats, torch.Tensor) else b.stats.cpu().tolist()
             for entry, row in zip(b.stat_slots, values):
                 entry.stats = stats_to_dict(row)
         if b.tensors:

@@ -1,0 +1,273 @@
+"""Batched statistics on the value's own device: one kernel per value, a constant number per flush.
+
+:class:`StatBatcher` measures values as an accelerator wants it: at measure time each value is
+copied, cast on the fly, into its slice of a preallocated per-device *staging* buffer
+(``staging[off:off+n].view(shape).copy_(value)``: ONE kernel whatever the value's dtype, strides
+or expansion, and the copy is immune to any later in-place write to the value). At :meth:`flush`
+the whole staging buffer is reduced per segment with a constant number of kernels
+(``torch.segment_reduce`` max / min / sum / sum of squares / NaN and Inf counts), the rows
+``[max, min, mean, norm, nan_count, inf_count]`` are written into a device result buffer, and they
+reach the host with ONE device-to-host copy per flush and device group (``non_blocking`` into
+pinned memory plus an event on CUDA, so the training thread never waits; the writer thread waits
+on the event before it reads). No ``.item()``, ``.cpu()`` or ``.tolist()`` per value.
+
+Semantics are those of :func:`~torchparity.capture.stats.host_stats`: max/min propagate NaN, the
+norm of a value holding NaN is NaN and of one holding Inf (no NaN) is inf, the counts are exact.
+Values are staged in float32 (float64 values in float64); sums and squares are taken of the value
+divided by a power of two near its largest magnitude (an exact scaling), so squares of huge values
+(1e20 in float32, bfloat16 near its max) neither overflow nor lose anything but accumulation order.
+
+A value larger than the byte budget is measured alone (:func:`~.stats.stats_tensor`); its row
+joins the same transfer. ``torch.segment_reduce`` exists from torch 2.1 (CPU and CUDA, NaN
+propagating in max/min, checked on 2.1.2 and 2.13); on a device where it fails, scatter/index_add
+reductions do the same work with the same constant number of kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .stats import stats_tensor
+
+DEFAULT_BUDGET_BYTES = 64 << 20  # staging bytes per (device, staging dtype) before a flush is forced
+_FIRST_CAPACITY = 1 << 16  # elements allocated at first use; doubled up to the budget
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_FLOAT64_DEVICES = {"cpu", "cuda"}  # result rows in float64 (a handful of values per row)
+
+
+class _Chunk:
+    """Rows of one flush of one group, on the host once the flush's transfer is done."""
+
+    __slots__ = ("host", "event", "n_staged", "_rows")
+
+    def __init__(self) -> None:
+        self.host: torch.Tensor | None = None
+        self.event: Any = None
+        self.n_staged = 0
+        self._rows: list[list[float]] | None = None
+
+    def rows(self) -> list[list[float]]:
+        """The rows as Python floats (waits for the transfer; called by the writer thread)."""
+        if self._rows is None:
+            if self.event is not None:
+                self.event.synchronize()
+            self._rows = [] if self.host is None else self.host.tolist()
+        return self._rows
+
+
+class RowRef:
+    """Where one value's statistics will be: a row of a (possibly not yet flushed) chunk.
+    Staged values have rows ``0..``; values measured alone ``-1, -2, ..`` (after the staged ones)."""
+
+    __slots__ = ("chunk", "row")
+
+    def __init__(self, chunk: _Chunk, row: int) -> None:
+        self.chunk = chunk
+        self.row = row
+
+    def values(self) -> list[float]:
+        rows = self.chunk.rows()
+        r = self.row
+        return rows[r if r >= 0 else self.chunk.n_staged - r - 1]
+
+
+class HostRows:
+    """The statistics of a batch's entries, in order: ``tolist()`` gives one row per entry
+    (what the writer reads; the same call as on a stacked host tensor)."""
+
+    __slots__ = ("refs",)
+
+    def __init__(self, refs: list[RowRef]) -> None:
+        self.refs = refs
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def tolist(self) -> list[list[float]]:
+        return [r.values() for r in self.refs]
+
+
+class _Group:
+    """Staging state of one (device, staging dtype)."""
+
+    __slots__ = ("device", "dtype", "staging", "used", "lengths", "singles", "chunk", "result")
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.staging: torch.Tensor | None = None
+        self.used = 0
+        self.lengths: list[int] = []
+        self.singles: list[torch.Tensor] = []
+        self.chunk = _Chunk()
+        self.result: torch.Tensor | None = None
+
+
+def _staging_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _alloc(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):  # a buffer made in inference mode could not be written outside it
+        return torch.empty(n, dtype=dtype, device=device)
+
+
+class StatBatcher:
+    """Queue values for statistics; :meth:`flush` computes all their rows at once.
+
+    ``add(value)`` returns a :class:`RowRef` (or None for a value without statistics: empty,
+    complex, meta, sparse), ``flush()`` runs the reductions and starts the transfers. A group whose
+    staging buffer would pass the byte budget is flushed by ``add`` itself; the caller flushes when
+    it hands records on (each batch, the end of a step and of the dump)."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES, force_fallback: bool = False) -> None:
+        if not isinstance(budget_bytes, int) or budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be a positive int (got {budget_bytes!r})")
+        self.budget_bytes = budget_bytes
+        self.force_fallback = force_fallback  # use the scatter reductions (tests)
+        self._groups: dict[tuple[torch.device, torch.dtype], _Group] = {}
+        self.queued = 0  # values added since the last flush
+        self.added = 0  # values added in all (for the counting bench)
+        self.flushes = 0  # flushes that moved rows to the host (for the counting bench)
+
+    # ---- measure time --------------------------------------------------------------------
+    def add(self, v: torch.Tensor) -> RowRef | None:
+        n = v.numel()
+        if n == 0 or v.is_complex() or v.layout != torch.strided or v.device.type == "meta":
+            return None
+        sd = _staging_dtype(v)
+        key = (v.device, sd)
+        g = self._groups.get(key)
+        if g is None:
+            g = self._groups[key] = _Group(v.device, sd)
+        self.queued += 1
+        self.added += 1
+        limit = self.budget_bytes // (8 if sd == torch.float64 else 4)
+        if n > limit or type(v) not in _PLAIN:  # too large to stage, or a tensor subclass
+            return self._single(g, v)
+        if g.used + n > limit:  # staging full: reduce what is there, then stage this one
+            self._flush_group(g)
+        st = g.staging
+        if st is None or g.used + n > st.numel():
+            cap = st.numel() if st is not None else min(_FIRST_CAPACITY, limit)
+            while cap < g.used + n:
+                cap *= 2
+            new = _alloc(min(cap, limit), sd, v.device)
+            if st is not None and g.used:
+                new[:g.used].copy_(st[:g.used])
+            st = g.staging = new
+        off = g.used
+        try:
+            st[off:off + n].view(v.shape).copy_(v.detach())
+        except (RuntimeError, TypeError, NotImplementedError):
+            return self._single(g, v)
+        g.used = off + n
+        g.lengths.append(n)
+        return RowRef(g.chunk, len(g.lengths) - 1)
+
+    def _single(self, g: _Group, v: torch.Tensor) -> RowRef | None:
+        st = stats_tensor(v)
+        if st is None:
+            return None
+        g.singles.append(st)
+        return RowRef(g.chunk, -len(g.singles))
+
+    # ---- flush -----------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Reduce every group's staged values and start their transfer to the host."""
+        for g in self._groups.values():
+            if g.lengths or g.singles:
+                self._flush_group(g)
+        self.queued = 0
+
+    def _flush_group(self, g: _Group) -> None:
+        k, m = len(g.lengths), len(g.singles)
+        chunk = g.chunk
+        chunk.n_staged = k
+        rows = k + m
+        if g.result is None or g.result.shape[0] < rows:
+            cap = 64 if g.result is None else g.result.shape[0]
+            while cap < rows:
+                cap *= 2
+            rd = torch.float64 if g.dtype == torch.float64 or g.device.type in _FLOAT64_DEVICES else torch.float32
+            g.result = _alloc(cap * 6, rd, g.device).view(cap, 6)
+        out = g.result[:rows]
+        with torch.no_grad():
+            if k:
+                assert g.staging is not None
+                self._reduce(g.staging[:g.used], g.lengths, g.device, out[:k])
+            if m:
+                torch.stack([s.to(out.dtype) for s in g.singles], out=out[k:])
+            chunk.host, chunk.event = _to_host(out)
+        self.flushes += 1
+        g.used, g.lengths, g.singles, g.chunk = 0, [], [], _Chunk()
+
+    def _reduce(self, x: torch.Tensor, lengths: list[int], device: torch.device, out: torch.Tensor) -> None:
+        """``out[i] = [max, min, mean, norm, nan, inf]`` of segment ``i`` of ``x``: a constant
+        number of kernels whatever the number of segments."""
+        k, total = len(lengths), x.numel()
+        lens = _to_device(torch.tensor(lengths, dtype=torch.int64), device)
+        seg = _Segments(lens, k, total, device, self.force_fallback)
+        mx = seg.reduce(x, "max")
+        mn = seg.reduce(x, "min")
+        amax = torch.maximum(mx.abs(), mn.abs())
+        # an exact power-of-two scale near the largest magnitude: no overflow of squares or sums
+        ok = torch.isfinite(amax) & (amax > 0)
+        scale = torch.where(ok, torch.exp2(torch.floor(torch.log2(torch.where(ok, amax, 1)))), 1)
+        y = x / torch.repeat_interleave(scale, lens, output_size=total)
+        total_sum = seg.reduce(y, "sum")
+        sq = seg.reduce(y * y, "sum")
+        nan = seg.reduce(torch.isnan(x).to(x.dtype), "sum")
+        inf = seg.reduce(torch.isinf(x).to(x.dtype), "sum")
+        rd = out.dtype  # float64 where the device has it: a norm past float32's range stays finite
+        scale = scale.to(rd)
+        mean = total_sum.to(rd) * scale / lens
+        norm = torch.sqrt(sq.to(rd)) * scale
+        torch.stack([mx.to(rd), mn.to(rd), mean, norm, nan.to(rd), inf.to(rd)], dim=1, out=out)
+
+
+class _Segments:
+    """Segment reductions over consecutive segments of given lengths."""
+
+    def __init__(self, lens: torch.Tensor, k: int, total: int, device: torch.device, fallback: bool) -> None:
+        self.lens, self.k, self.total, self.device = lens, k, total, device
+        self.fallback = fallback or not hasattr(torch, "segment_reduce")
+        self._ids: torch.Tensor | None = None
+
+    def reduce(self, x: torch.Tensor, how: str) -> torch.Tensor:
+        if not self.fallback:
+            try:
+                return torch.segment_reduce(x, how, lengths=self.lens, axis=0, unsafe=True)
+            except (RuntimeError, NotImplementedError):  # not implemented on this device
+                self.fallback = True
+        if self._ids is None:
+            self._ids = torch.repeat_interleave(torch.arange(self.k, device=self.device), self.lens,
+                                                output_size=self.total)
+        if how == "sum":
+            return torch.zeros(self.k, dtype=x.dtype, device=self.device).index_add_(0, self._ids, x)
+        return torch.empty(self.k, dtype=x.dtype, device=self.device).scatter_reduce_(
+            0, self._ids, x, "amax" if how == "max" else "amin", include_self=False)
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor to ``device`` without a host sync (pinned + non_blocking on CUDA)."""
+    if device.type == "cpu":
+        return t
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def _to_host(rows: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """ONE device-to-host copy of the flush's rows, and the event to wait on before reading
+    (None when the copy is already complete)."""
+    if rows.device.type == "cuda":
+        host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+        host.copy_(rows, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
+    # the CPU (device_stats on: the accelerator path run on the host) or a device without events
+    return rows.to("cpu", copy=True), None
