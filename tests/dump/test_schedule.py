@@ -53,6 +53,19 @@ def test_every_3_over_7_steps_full_on_0_3_6_light_otherwise(tmp_path: Path) -> N
     assert _header(out, 0)["schedule"] == {"steps": None, "every": 3, "light": "module"}
 
 
+def test_a_light_step_records_what_a_module_level_dump_records(tmp_path: Path) -> None:
+    """Same records, same statistics (bitwise) as a module-level dump of the same step."""
+    light, module = tmp_path / "light", tmp_path / "module"
+    _run(light, n=2, level="aten", every=2, light="module")
+    _run(module, n=2, level="module")
+
+    def content(d: Path) -> list:
+        return sorted((r["name"], [(t["io"], t["arg"], t.get("stats")) for t in r["tensors"]])
+                      for r in _records(d, 1))
+
+    assert content(light) == content(module)
+
+
 def test_without_light_only_full_steps_are_written(tmp_path: Path) -> None:
     out = tmp_path / "d"
     _run(out, n=5, level="api", every=2)
@@ -145,3 +158,19 @@ def test_cli_run_passes_the_schedule_to_the_script(tmp_path: Path) -> None:
                         "module", "--", sys.executable, str(script)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert [_header(out, s)["tier"] for s in range(3)] == ["full", "light", "full"]
+
+
+def test_msprobe_stop_pauses_module_records_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The msprobe façade's stop() pauses an L0 (module) dump as it pauses the other levels."""
+    from torchparity.compat.msprobe import PrecisionDebugger
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"task": "statistics", "dump_path": "./d", "level": "L0",
+                                                      "step": [], "rank": [], "statistics": {}}))
+    debugger = PrecisionDebugger(config_path="./config.json")
+    model, x = make_model(cfg=CFG), make_batches(1, cfg=CFG)[0][0]
+    debugger.start(); model(x); debugger.stop()
+    model(x)  # not dumped
+    debugger.step()
+    debugger.start(); model(x); debugger.stop(); debugger.close()
+    assert len(_records(tmp_path / "d", 0)) == len(_records(tmp_path / "d", 1)) > 0

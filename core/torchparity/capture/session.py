@@ -200,15 +200,20 @@ class CaptureSession:
 
     def _step_enabled(self) -> bool:
         """Decide what the current step records (DumpOptions.tier; nothing on a rank not
-        selected) and return whether it is captured fully. Also sets :attr:`light_step` (module
-        records only), :attr:`module_step` (module records wanted) and :attr:`options` (the light
-        tier's options on a light step: module level, statistics)."""
+        selected) and return whether it is captured fully (:attr:`enabled_step`, which a façade
+        may clear to pause). Also sets :attr:`light_step` (module records only) and
+        :attr:`options` (the light tier's options on a light step: module level, statistics)."""
         full = self.__dict__.setdefault("_full_options", self.options)  # the options as given
         tier = full.tier(self.step) if full.ranks is None or self._rank in full.ranks else None
         self.light_step = tier == "light"
         self.options = full.light_options() if self.light_step else full
-        self.module_step = self.light_step or (tier == "full" and "module" in full.levels)
+        self._full_modules = "module" in full.levels
         return tier == "full"
+
+    @property
+    def module_step(self) -> bool:
+        """Module records are wanted now: a full step at module/mix level, or a light step."""
+        return self.light_step or (self.enabled_step and self._full_modules)
 
     def advance_step(self) -> None:
         """Close the current step: flush its records and start counting the next one."""
