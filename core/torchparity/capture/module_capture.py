@@ -22,7 +22,9 @@ from .session import CaptureSession, flat_args, flat_outputs
 
 
 class ModuleCapture:
-    """Listener on the tracker. ``record=False`` only tags autograd nodes (aten/api levels)."""
+    """Listener on the tracker. ``record=False`` only tags autograd nodes (aten/api levels
+    without a light tier); with ``record=True`` it records on the steps whose
+    :attr:`CaptureSession.module_step` is set (module level, or a light step)."""
 
     def __init__(self, session: CaptureSession, tracker: ModuleTracker, record: bool) -> None:
         self.session = session
@@ -58,11 +60,11 @@ class ModuleCapture:
         # so its id, changes once the last reference is gone)
         stop = [t.grad_fn for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         pending = None
-        if self.record and s.enabled_step and not s.busy:
+        if self.record and s.module_step and not s.busy:
             if s.options.params and frame.module not in self._param_hooks:
                 self._hook_params(frame)
             phase = "recompute" if frame.recompute else s.phase()
-            if s.wants(frame.cls, frame.cls, phase, frame.path):
+            if s.wants_module(frame.cls, frame.cls, phase, frame.path):
                 s.busy = True
                 try:
                     tensors = s.describe(flat_args(args, kwargs), "input", -1, link=True)
@@ -117,7 +119,7 @@ class ModuleCapture:
     def _emit_backward(self, watch: GradWatch) -> None:
         s = self.session
         path, cls, idx, fwd, cd = watch.meta
-        if not s.wants(cls, cls, "backward", path):
+        if not s.wants_module(cls, cls, "backward", path):
             return
         # the backward of a call computes in the precision its forward did (saved low-precision
         # tensors, autocast's casts), whatever autocast says while backward runs
@@ -162,7 +164,7 @@ class ModuleCapture:
 
     def _param_grad(self, path: str, cls: str, pname: str, param: torch.Tensor) -> None:
         s = self.session
-        if not s.enabled_step or param.grad is None or not s.wants(cls, "parameters_grad", "backward", path):
+        if not s.module_step or param.grad is None or not s.wants_module(cls, "parameters_grad", "backward", path):
             return
         full = f"{path}.{pname}" if path else pname
         n = self._grad_counters.get(full, 0)

@@ -15,6 +15,8 @@ from ..errors import UsageError
 from ..records import LEVELS, MODES
 
 PHASE_NAMES = ("forward", "backward", "optimizer", "recompute")
+#: what the steps between full captures may record (``DumpOptions.light``); None: nothing
+LIGHT_TIERS = (None, "module")
 
 
 @dataclass
@@ -46,6 +48,11 @@ class DumpOptions:
     # value, one host copy per flush): for tests and the counting bench; off = read at once
     device_stats: bool = False
     backend: str | None = None  # device backend: described in the header and activated around the run (default: guessed, not activated)
+    # ---- when to capture (docs/dump.md "When to capture"): a step is captured fully when it is
+    # in ``steps`` (if given) and a multiple of ``every`` (if given); with ``light``, every other
+    # step records the light tier instead of nothing
+    every: int | None = None  # full capture on steps 0, N, 2N, ... (None = every step)
+    light: str | None = None  # between full steps: "module" = module records, statistics only (None = nothing)
 
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):
@@ -79,6 +86,40 @@ class DumpOptions:
                              f"tensors through the batched accelerator path")
         if self.stack is None:
             self.stack = self.level != "aten"
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        """Validate ``steps``, ``every`` and ``light`` (one-line errors naming the option)."""
+        if self.steps is not None:
+            steps = list(self.steps) if not isinstance(self.steps, (str, bytes)) and hasattr(self.steps, "__iter__") else None
+            if steps is None or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
+                raise UsageError(f"steps must be a list of step numbers >= 0 (got {self.steps!r})")
+            self.steps = steps
+        if self.every is not None and (isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1):
+            raise UsageError(f"every must be a whole number >= 1 (full capture on steps 0, N, 2N, ...; got {self.every!r})")
+        if self.light not in LIGHT_TIERS:
+            raise UsageError(f"light must be one of {', '.join(t for t in LIGHT_TIERS if t)} or None "
+                             f"(what the steps between full captures record; got {self.light!r})")
+        if self.light is not None and self.every is None and self.steps is None:
+            raise UsageError(f"light={self.light!r} records the steps that are not captured fully; "
+                             "give every=N or steps=[...] too")
+
+    @property
+    def scheduled(self) -> bool:
+        """True when some steps are not captured fully (every/steps given)."""
+        return self.every is not None or self.steps is not None
+
+    def tier(self, step: int) -> str | None:
+        """What step ``step`` records: ``"full"`` (the configured level and mode), ``"light"``
+        (module records, statistics) or None (nothing). Ranks are not considered here."""
+        if (self.steps is None or step in self.steps) and (self.every is None or step % self.every == 0):
+            return "full"
+        return "light" if self.light is not None else None
+
+    def light_options(self) -> "DumpOptions":
+        """The options in force on light steps: module level, statistics; every filter kept."""
+        return dataclasses.replace(self, level="module", mode="statistics", steps=None, every=None, light=None,
+                                   max_bytes=None)
 
     @property
     def levels(self) -> set[str]:

@@ -204,12 +204,21 @@ class CaptureSession:
         self._busy = value
 
     def _step_enabled(self) -> bool:
-        o = self.options
-        if o.steps is not None and self.step not in o.steps:
-            return False
-        if o.ranks is not None and self._rank not in o.ranks:
-            return False
-        return True
+        """Decide what the current step records (DumpOptions.tier; nothing on a rank not
+        selected) and return whether it is captured fully (:attr:`enabled_step`, which a façade
+        may clear to pause). Also sets :attr:`light_step` (module records only) and
+        :attr:`options` (the light tier's options on a light step: module level, statistics)."""
+        full = self.__dict__.setdefault("_full_options", self.options)  # the options as given
+        tier = full.tier(self.step) if full.ranks is None or self._rank in full.ranks else None
+        self.light_step = tier == "light"
+        self.options = full.light_options() if self.light_step else full
+        self._full_modules = "module" in full.levels
+        return tier == "full"
+
+    @property
+    def module_step(self) -> bool:
+        """Module records are wanted now: a full step at module/mix level, or a light step."""
+        return self.light_step or (self.enabled_step and self._full_modules)
 
     def advance_step(self) -> None:
         """Close the current step: flush its records and start counting the next one."""
@@ -258,9 +267,15 @@ class CaptureSession:
     # ---- filters ---------------------------------------------------------------------------
     def wants(self, name_base: str, op: str, phase: str, module: str) -> bool:
         """Cheap pre-check before any statistics are computed."""
+        return self.enabled_step and self.passes_filters(name_base, op, phase, module)
+
+    def wants_module(self, name_base: str, op: str, phase: str, module: str) -> bool:
+        """:meth:`wants` for module records, which a light step takes too."""
+        return self.module_step and self.passes_filters(name_base, op, phase, module)
+
+    def passes_filters(self, name_base: str, op: str, phase: str, module: str) -> bool:
+        """The phase / scope / ops / exclude_ops filters (the step is not considered)."""
         o = self.options
-        if not self.enabled_step:
-            return False
         if o.phases is not None and phase not in o.phases:
             return False
         if self._scope is not None and not matches(self._scope, module):

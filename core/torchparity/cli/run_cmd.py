@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from ..capture.options import LIGHT_TIERS
 from ..records import LEVELS, MODES
 
 
@@ -53,6 +54,10 @@ def _dump_written_since(root: Path, t0: float) -> bool:
 @click.option("--mode", type=click.Choice(MODES), default="statistics", show_default=True,
               help="statistics: max/min/mean/norm/NaN/Inf per tensor; md5: plus a checksum; tensor: plus full tensors (safetensors).")
 @click.option("--steps", default=None, help="Steps to dump, e.g. '0,2,5-7' (default: all).")
+@click.option("--every", type=int, default=None,
+              help="Capture fully only on steps 0, N, 2N, ... (with --steps: those of them in the list).")
+@click.option("--light", type=click.Choice([t for t in LIGHT_TIERS if t]), default=None,
+              help="What the steps not captured fully record: module = module records (statistics, NaN/Inf counts) only. Needs --every or --steps.")
 @click.option("--ranks", default=None, help="Ranks to dump, e.g. '0' or '0-3' (default: all).")
 @click.option("--ops", multiple=True, help="Only ops matching this pattern (fnmatch on name or op, or 're:REGEX'). Repeatable.")
 @click.option("--exclude-ops", multiple=True, help="Skip ops matching this pattern. Repeatable.")
@@ -62,7 +67,7 @@ def _dump_written_since(root: Path, t0: float) -> bool:
 @click.option("--config", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Options from a YAML file or an msprobe config.json (command-line options win).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(output: str, level: str, mode: str, steps: str | None, ranks: str | None, ops: tuple[str, ...],
+def run(output: str, level: str, mode: str, steps: str | None, every: int | None, light: str | None, ranks: str | None, ops: tuple[str, ...],
         exclude_ops: tuple[str, ...], scope: tuple[str, ...], phases: str | None, max_bytes: int | None,
         config: str | None, command: tuple[str, ...]) -> int:
     """Run COMMAND (a Python training script, or torchrun) with a dump active, unmodified.
@@ -71,6 +76,7 @@ def run(output: str, level: str, mode: str, steps: str | None, ranks: str | None
     Examples:
       torchparity run -o dumps/npu -- python train.py --lr 1e-4
       torchparity run -o dumps/gpu --level api --steps 0-1 -- torchrun --nproc-per-node 2 train.py
+      torchparity run -o dumps/long --every 100 --light module -- python train.py
 
     Every Python process started by COMMAND dumps its own rank into OUTPUT/step{S}/rank{R}/.
     Steps advance on optimizer.step(). The exit code is COMMAND's.
@@ -88,6 +94,10 @@ def run(output: str, level: str, mode: str, steps: str | None, ranks: str | None
     opts.update(path=str(Path(output).resolve()), level=level, mode=mode)
     if steps:
         opts["steps"] = parse_list(steps, "steps")
+    if every is not None:
+        opts["every"] = every
+    if light is not None:
+        opts["light"] = light
     if ranks:
         opts["ranks"] = parse_list(ranks, "ranks")
     if ops:

@@ -76,6 +76,7 @@ def compare(
         no step/rank, or they do not record the same computation.
     """
     from ..dump.reader import open_dump
+    from ..dump.schedule import like_pairs
 
     t0 = time.perf_counter()
     if not isinstance(threshold, (int, float)) or not math.isfinite(threshold) or threshold <= 1:
@@ -110,6 +111,11 @@ def compare(
         raise DumpError(
             f"the dumps share no (step, rank): device has {_units(dev)}, bench has {_units(ben)}; "
             f"pass --step/--rank or dump the same steps on both sides")
+    common, unlike = like_pairs(dev, ben, common)  # a full step never faces a light one
+    if not common:
+        raise DumpError(f"the dumps share no step recorded alike ({'; '.join(unlike[:2])}); "
+                        f"pass --step for a step both captured fully, or dump both with the same steps/every")
+    warnings += unlike
     for k in sorted(dkeys - bkeys):
         warnings.append(f"step{k[0]}/rank{k[1]} exists only in the device dump; not compared")
     for k in sorted(bkeys - dkeys):

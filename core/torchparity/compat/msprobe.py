@@ -73,6 +73,11 @@ def _read_config(config_path: str | os.PathLike[str]) -> dict[str, Any]:
     return cfg
 
 
+def _pause(session: Any) -> None:
+    """Record nothing until resumed: no op records, no module records (full or light tier)."""
+    session.enabled_step = session.light_step = False
+
+
 class PrecisionDebugger:
     """msprobe's ``PrecisionDebugger``: ``start()`` / ``stop()`` / ``step()`` around the code to dump."""
 
@@ -161,7 +166,7 @@ class PrecisionDebugger:
             self.close()
         if self._dumper is not None and self._dumper.session is not None:
             self._dumper._finish_step_records()  # backward records of the api/module levels
-            self._dumper.session.enabled_step = False
+            _pause(self._dumper.session)
             self._dumper.flush()
 
     def step(self) -> None:
@@ -172,13 +177,13 @@ class PrecisionDebugger:
         stop / step`` writes ``step0``, ``step1``, ``step2``."""
         if self._dumper is None or self._dumper.session is None:
             return
-        was = self._dumper.session.enabled_step
+        was = self._dumper.session.enabled_step or self._dumper.session.module_step
         closed = self._dumper.session.step
         self._dumper.step()
         self._dumper.flush()  # the closed step's files and footer are on disk
         self._check_overflow([closed])
         if not was:
-            self._dumper.session.enabled_step = False
+            _pause(self._dumper.session)
 
     def close(self) -> None:
         """Finish the dump (also done at interpreter exit)."""
@@ -192,7 +197,7 @@ class PrecisionDebugger:
             if last is not None:
                 self._check_overflow([last])
 
-    def _resume(self) -> None:
+    def _resume(self) -> None:  # the step's own schedule again (DumpOptions steps/every/light)
         s = self._dumper.session
         s.enabled_step = s._step_enabled()
 
@@ -228,7 +233,7 @@ class PrecisionDebugger:
                             f["module"] or "(top level)", f["step"], f["rank"], f["reason"])
         if self.overflow_nums != -1 and len(self.overflows) >= self.overflow_nums and self._dumper.session is not None:
             self._dumper.session.options.steps = []  # msprobe stops dumping after overflow_nums overflows
-            self._dumper.session.enabled_step = False
+            _pause(self._dumper.session)
 
 
 #: debuggers started and not closed: closed at interpreter exit (before the dumps they hold), so

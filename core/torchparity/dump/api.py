@@ -97,6 +97,20 @@ def _activate_backend(name: str) -> Any:
     return backend.activate()
 
 
+def _step_header(o: DumpOptions) -> Any:
+    """What each step's header.json says about the step's tier (a scheduled dump): ``tier``
+    (full / light) and the level and mode its records were taken at."""
+    light = o.light_options() if o.light is not None else None
+
+    def info(step: int) -> dict[str, Any]:
+        tier = o.tier(step)
+        if tier == "light" and light is not None:
+            return {"tier": "light", "level": light.level, "mode": light.mode, "checksum": None}
+        return {"tier": tier or "full"}
+
+    return info
+
+
 class Dumper:
     """A running (or ready) dump. Use as a context manager, or call start()/stop()."""
 
@@ -129,8 +143,11 @@ class Dumper:
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
                   "level": o.level, "mode": o.mode, "checksum": CHECKSUM_ALGORITHM if o.mode == "md5" else None, "world_size": world_size(),
                   "backend": _describe_device(o.backend), "config": o.to_json()}
+        if o.scheduled:
+            header["schedule"] = {"steps": o.steps, "every": o.every, "light": o.light}
         self.writer = DumpWriter(o.path, header, fsync=o.fsync, max_bytes=o.max_bytes, rank=current_rank(),
-                                 max_queue_bytes=o.max_queue_bytes)
+                                 max_queue_bytes=o.max_queue_bytes,
+                                 step_header=_step_header(o) if o.scheduled else None)
         tracker = ModuleTracker()
         if self.model is not None:
             tracker.add_root(self.model)
@@ -142,7 +159,8 @@ class Dumper:
                 # computed (for the emulated backend: its reduced precision and injected faults).
                 stack.enter_context(_activate_backend(o.backend))
             stack.enter_context(tracker)
-            self._module_capture = ModuleCapture(self.session, tracker, record="module" in o.levels)
+            self._module_capture = ModuleCapture(self.session, tracker,
+                                                 record="module" in o.levels or o.light is not None)
             stack.callback(self._module_capture.detach)
             import torch.optim.optimizer as optim_mod
 
@@ -253,7 +271,8 @@ def dump(path: str | None = None, *, config: str | None = None, model: torch.nn.
     :param options: any :class:`~torchparity.dump.options.DumpOptions` field: ``level`` (module,
         api, aten, mix), ``mode`` (statistics, md5, tensor), ``steps``, ``ranks``, ``phases``,
         ``io``, ``ops``, ``exclude_ops``, ``scope``, ``op_range``, ``skip``, ``stack``,
-        ``max_bytes``, ``backend`` ...
+        ``max_bytes``, ``backend`` ...; when: ``steps``, ``every`` (full capture on steps 0, N,
+        2N, ...) and ``light="module"`` (module records, statistics, on the other steps).
     """
     kwargs: dict[str, Any] = {}
     if config is not None:

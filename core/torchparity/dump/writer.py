@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -143,9 +143,11 @@ class DumpWriter:
     """Writes one dump directory. Thread-safe for one producer (the training thread) per rank."""
 
     def __init__(self, root: str | os.PathLike[str], header: dict[str, Any], *, fsync: bool = True,
-                 max_bytes: int | None = None, max_queue_bytes: int = 1 << 30, rank: int | None = None) -> None:
+                 max_bytes: int | None = None, max_queue_bytes: int = 1 << 30, rank: int | None = None,
+                 step_header: Callable[[int], dict[str, Any]] | None = None) -> None:
         self.root = Path(root)
         self.header = header
+        self.step_header = step_header  # step -> what that step's header.json adds or overrides
         self.fsync = fsync
         self.max_bytes = max_bytes
         self.max_queue_bytes = max_queue_bytes
@@ -238,7 +240,7 @@ class DumpWriter:
         if rf is None:
             d = self.root / f"step{step}" / f"rank{rank}"
             d.mkdir(parents=True, exist_ok=True)
-            header = dict(self.header, step=step, rank=rank,
+            header = dict(self.header, **(self.step_header(step) if self.step_header else {}), step=step, rank=rank,
                           created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                           pid=os.getpid(), hostname=socket.gethostname())
             _atomic_write_json(d / "header.json", header)

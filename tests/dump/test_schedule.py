@@ -1,0 +1,176 @@
+"""When to capture: ``every=N``, ``steps`` combined with it, and the light tier between full steps."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torchparity
+from torchparity.errors import DumpError, UsageError
+from torchparity.toymodels import TinyConfig, make_batches, make_model, train
+
+CFG = TinyConfig(dim=32, hidden=64, layers=1, seq=8, batch=2)
+
+
+def _records(d: Path, step: int) -> list[dict]:
+    return [json.loads(line) for line in (d / f"step{step}" / "rank0" / "records.jsonl").read_text().splitlines()]
+
+
+def _header(d: Path, step: int) -> dict:
+    return json.loads((d / f"step{step}" / "rank0" / "header.json").read_text())
+
+
+def _run(out: Path, n: int = 7, **opts) -> list[float]:
+    model, batches = make_model(cfg=CFG), make_batches(n, cfg=CFG)
+    with torchparity.dump(str(out), model=model, fsync=False, **opts):
+        return train(model, batches)
+
+
+def test_every_3_over_7_steps_full_on_0_3_6_light_otherwise(tmp_path: Path) -> None:
+    baseline = train(make_model(cfg=CFG), make_batches(7, cfg=CFG))
+    out = tmp_path / "d"
+    losses = _run(out, level="aten", every=3, light="module")
+    assert losses == baseline  # bitwise: the schedule never changes the numerics
+    assert sorted(int(p.name[4:]) for p in out.glob("step*")) == list(range(7))
+    for step in range(7):
+        recs, hdr = _records(out, step), _header(out, step)
+        levels = {r["level"] for r in recs}
+        if step in (0, 3, 6):
+            assert hdr["tier"] == "full" and hdr["level"] == "aten"
+            assert levels == {"aten"}, (step, levels)
+        else:
+            assert hdr["tier"] == "light" and (hdr["level"], hdr["mode"]) == ("module", "statistics")
+            assert levels == {"module"}, (step, levels)
+            assert {r["name"].split(".")[0] for r in recs} <= {"Module", "Grad"}
+            # module statistics, NaN/Inf counts included, on inputs and outputs
+            stats = [t["stats"] for r in recs for t in r["tensors"] if t.get("stats")]
+            assert stats and all("nan" in s and "inf" in s for s in stats)
+            assert {t["io"] for r in recs for t in r["tensors"]} >= {"input", "output"}
+    assert _header(out, 0)["schedule"] == {"steps": None, "every": 3, "light": "module"}
+
+
+def test_a_light_step_records_what_a_module_level_dump_records(tmp_path: Path) -> None:
+    """Same records, same statistics (bitwise) as a module-level dump of the same step."""
+    light, module = tmp_path / "light", tmp_path / "module"
+    _run(light, n=2, level="aten", every=2, light="module")
+    _run(module, n=2, level="module")
+
+    def content(d: Path) -> list:
+        return sorted((r["name"], [(t["io"], t["arg"], t.get("stats")) for t in r["tensors"]])
+                      for r in _records(d, 1))
+
+    assert content(light) == content(module)
+
+
+def test_without_light_only_full_steps_are_written(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    _run(out, n=5, level="api", every=2)
+    assert sorted(p.name for p in out.glob("step*")) == ["step0", "step2", "step4"]
+    assert _header(out, 2)["tier"] == "full"
+
+
+def test_steps_and_every_combine(tmp_path: Path) -> None:
+    """Full on the steps of ``steps`` that are multiples of ``every``; light on every other step."""
+    out = tmp_path / "d"
+    _run(out, n=7, level="aten", steps=[2, 3, 4, 5, 6], every=3, light="module")
+    tiers = {s: _header(out, s)["tier"] for s in range(7)}
+    assert tiers == {0: "light", 1: "light", 2: "light", 3: "full", 4: "light", 5: "light", 6: "full"}
+
+
+def test_light_steps_save_no_tensors_in_tensor_mode(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    _run(out, n=3, level="module", mode="tensor", every=2, light="module")
+    full = [t for r in _records(out, 0) for t in r["tensors"] if t.get("file")]
+    light = [t for r in _records(out, 1) for t in r["tensors"] if t.get("file")]
+    assert full and not light
+    assert not list((out / "step1" / "rank0").glob("*.safetensors"))
+
+
+def test_compare_two_scheduled_dumps_pairs_like_with_like(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    _run(a, n=4, level="aten", every=3, light="module")
+    _run(b, n=4, level="aten", every=3, light="module")
+    res = torchparity.compare(str(a), str(b), workers=1)
+    rows = res.rows
+    assert sorted(set(rows["step"])) == [0, 1, 2, 3]
+    assert set(rows.loc[rows["step"].isin([1, 2]), "level"]) == {"module"}
+    assert set(rows.loc[rows["step"].isin([0, 3]), "level"]) == {"aten"}
+    assert res.root_cause is None  # identical runs
+
+    # another schedule on the bench side: a full step never faces a light one
+    c = tmp_path / "c"
+    _run(c, n=4, level="aten", every=2, light="module")
+    res = torchparity.compare(str(a), str(c), workers=1)
+    assert sorted(set(res.rows["step"])) == [0, 1]  # 2: light vs full, 3: full vs light
+    warns = " ".join(res.summary["warnings"])
+    assert "step2/rank0 was captured fully" in warns and "step3/rank0 was captured fully" in warns
+    with pytest.raises(DumpError, match="recorded alike"):
+        torchparity.compare(str(a), str(c), step=2, workers=1)
+
+
+@pytest.mark.parametrize("opts,match", [
+    ({"every": 0}, "every must be a whole number >= 1"),
+    ({"every": "3"}, "every must be a whole number >= 1"),
+    ({"every": True}, "every must be a whole number >= 1"),
+    ({"every": 2, "light": "aten"}, "light must be one of module"),
+    ({"light": "module"}, "give every=N or steps"),
+    ({"steps": [1, -2]}, "steps must be a list of step numbers"),
+    ({"steps": "0,1"}, "steps must be a list of step numbers"),
+])
+def test_bad_schedule_values_are_one_line_errors(tmp_path: Path, opts: dict, match: str) -> None:
+    with pytest.raises(UsageError, match=match) as exc:
+        torchparity.dump(str(tmp_path / "d"), **opts)
+    assert "\n" not in str(exc.value)
+
+
+def test_yaml_config_takes_every_and_light(tmp_path: Path) -> None:
+    cfg = tmp_path / "dump.yaml"
+    cfg.write_text("level: aten\nevery: 4\nlight: module\n")
+    d = torchparity.dump(str(tmp_path / "d"), config=str(cfg))
+    assert (d.options.every, d.options.light) == (4, "module")
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--every", "0"], "every must be a whole number >= 1"),
+    (["--light", "module"], "give every=N or steps"),
+    (["--every", "x"], "Invalid value for '--every'"),
+])
+def test_cli_run_rejects_bad_schedule_with_exit_2(tmp_path: Path, args: list[str], match: str) -> None:
+    p = subprocess.run([sys.executable, "-m", "torchparity", "run", "-o", str(tmp_path / "d"), *args, "--",
+                        sys.executable, "-c", "pass"], capture_output=True, text=True)
+    assert p.returncode == 2, p.stderr
+    assert match in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "d").exists()  # refused before the script ran
+
+
+def test_cli_run_passes_the_schedule_to_the_script(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from torchparity.toymodels import TinyConfig, make_batches, make_model, train\n"
+        "cfg = TinyConfig(dim=16, hidden=32, layers=1, seq=4, batch=2)\n"
+        "train(make_model(cfg=cfg), make_batches(3, cfg=cfg))\n")
+    out = tmp_path / "d"
+    p = subprocess.run([sys.executable, "-m", "torchparity", "run", "-o", str(out), "--every", "2", "--light",
+                        "module", "--", sys.executable, str(script)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert [_header(out, s)["tier"] for s in range(3)] == ["full", "light", "full"]
+
+
+def test_msprobe_stop_pauses_module_records_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The msprobe façade's stop() pauses an L0 (module) dump as it pauses the other levels."""
+    from torchparity.compat.msprobe import PrecisionDebugger
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"task": "statistics", "dump_path": "./d", "level": "L0",
+                                                      "step": [], "rank": [], "statistics": {}}))
+    debugger = PrecisionDebugger(config_path="./config.json")
+    model, x = make_model(cfg=CFG), make_batches(1, cfg=CFG)[0][0]
+    debugger.start(); model(x); debugger.stop()
+    model(x)  # not dumped
+    debugger.step()
+    debugger.start(); model(x); debugger.stop(); debugger.close()
+    assert len(_records(tmp_path / "d", 0)) == len(_records(tmp_path / "d", 1)) > 0
