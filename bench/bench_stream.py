@@ -81,12 +81,13 @@ class LlamaBench:
 class _Tools:
     """Runs several tools as one context (entered in order, left in reverse)."""
 
-    def __init__(self, root: str, bench: Any, dump_level: str | None, naninf: bool, online: bool) -> None:
+    def __init__(self, root: str, bench: Any, dump_level: str | None, naninf: bool, online: bool,
+                 mode: str = "statistics") -> None:
         self.dir = tempfile.mkdtemp(dir=root)
         self.stack = contextlib.ExitStack()
         self.parts: list[Any] = []
         if dump_level is not None:
-            self.parts.append(lambda: torchparity.dump(self.dir, level=dump_level, mode="statistics", model=bench.model))
+            self.parts.append(lambda: torchparity.dump(self.dir, level=dump_level, mode=mode, model=bench.model))
         if naninf:
             self.parts.append(lambda: torchparity.NanInfTracker(bench.model))
         if online:
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps after starting the tools (default 1)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per round (default 2)")
     ap.add_argument("--levels", default="module,api,aten,mix", help="dump levels to time alone (default all four)")
+    ap.add_argument("--modes", default="statistics", help="dump modes to time at each level (default statistics; "
+                    "md5, tensor: tensor mode writes every captured value to disk)")
     ap.add_argument("--online", action="store_true",
                     help="also time online compare against the CPU reference (re-runs every op: costly by design)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "stream.md"),
@@ -143,13 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     line = bench.line() if isinstance(bench, LlamaBench) else model_line(bench)
     root = tempfile.mkdtemp(prefix="tp-bench-stream-")
 
-    def tools(level: str | None, naninf: bool = False, online: bool = False) -> Any:
-        return lambda: _Tools(root, bench, level, naninf, online)
+    def tools(level: str | None, naninf: bool = False, online: bool = False, mode: str = "statistics") -> Any:
+        return lambda: _Tools(root, bench, level, naninf, online, mode)
 
     configs: dict[str, Any] = {"tool off": None, "empty TorchDispatchMode": EmptyMode,
                                "NaN/Inf screen": tools(None, naninf=True)}
-    for level in [x for x in a.levels.split(",") if x]:
-        configs[f"dump {level}"] = tools(level)
+    for mode in [x for x in a.modes.split(",") if x]:
+        for level in [x for x in a.levels.split(",") if x]:
+            configs[f"dump {level}" + ("" if mode == "statistics" else f" {mode}")] = tools(level, mode=mode)
     configs["dump aten + NaN/Inf"] = tools("aten", naninf=True)
     if a.online:
         configs["online compare"] = tools(None, online=True)
@@ -174,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         *[f"- {k}: {v}" for k, v in machine().items()],
         f"- Load average before: {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "",
         f"- Protocol: {a.rounds} interleaved rounds x ({a.warmup} warm-up + {a.steps} timed steps); median per-step "
-        "time; ratio = median / tool-off median in the same process. Dumps at statistics mode.",
+        "time; ratio = median / tool-off median in the same process. Dumps at statistics mode unless named.",
         "",
         "| configuration | ms/step (median) | ratio vs tool off | ops intercepted per step |",
         "|---|---|---|---|",
