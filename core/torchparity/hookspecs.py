@@ -9,7 +9,8 @@ the ``torchparity`` group::
     torchparity_backend_foo = "torchparity_backend_foo"
 
 Registration hooks return (or yield) plain objects: a :class:`~torchparity.plugin_types.DeviceBackend`,
-a :class:`~torchparity.plugin_types.Checker` or a :class:`~torchparity.plugin_types.Reporter`.
+a :class:`~torchparity.plugin_types.Checker` or a :class:`~torchparity.plugin_types.Reporter`;
+:func:`torchparity_op_consumers` is called per dump and returns consumers of the op stream.
 Core flattens the results, rejects duplicate names, and lets ``plugins.yaml`` choose which of them
 are enabled, in what order, with what options. Hooks are always called with keyword arguments, and
 an implementation may accept any subset of a hook's arguments, so arguments can be added later
@@ -32,6 +33,8 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import click
 
+    from .capture.op_stream import OpConsumer
+    from .capture.options import DumpOptions
     from .plugin_types import Checker, DeviceBackend, Reporter
 
 PROJECT_NAME = "torchparity"
@@ -116,4 +119,54 @@ def torchparity_register_commands(cli: click.Group) -> None:
         ``@cli.command()``. Do not replace built-in commands.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def torchparity_op_consumers(options: DumpOptions) -> Iterable[OpConsumer]:
+    """Hang consumers of your own on the op stream while a dump runs.
+
+    The op stream (:func:`torchparity.op_stream`, see docs/op-stream.md) intercepts every aten op
+    of the model once and hands it to a chain of :class:`torchparity.OpConsumer` s: the dump's
+    own capture, the NaN/Inf screen, online compare, the emulated device, and yours.
+
+    Called at the start of every dump (``torchparity.dump(...)`` entered, ``Dumper.start()``,
+    ``torchparity dump`` on the command line), at any level, after the dump's own capture is
+    set up. Each returned consumer is attached to the stream (with the dump's ``model``, when it
+    was given, so that ``call.where()`` names modules by their path in it) for as long as the
+    dump runs, and detached, in reverse order, when it stops; its ``on_op(call, args, kwargs,
+    run)`` then sees every op the model runs, with the dump's record name (``call.name``,
+    ``Aten.mm.3.forward``), phase and, with ``needs_modules = True``, module.
+
+    A consumer must return ``run(*args, **kwargs)`` (or, at ``layer = LAYER_DEVICE``, compute
+    the result itself) and never change its arguments in place: observers at
+    ``LAYER_OBSERVER`` keep the model's numerics bitwise unchanged. An exception raised by
+    ``on_op`` propagates to the model's code, as the op's own would.
+
+    :param options: the dump's :class:`~torchparity.capture.options.DumpOptions` (``path``,
+        ``level``, ``mode``, ``steps``...); read it, never change it.
+    :returns: an iterable of :class:`~torchparity.OpConsumer` instances (return nothing, or an
+        empty list, to stay out of this dump). A plugin that raises here, or returns something
+        else than an ``OpConsumer``, is reported once as a warning and left out; the dump runs.
+
+    Example::
+
+        class OpCounter(torchparity.OpConsumer):
+            needs_modules = True
+
+            def __init__(self):
+                self.seen = []
+
+            def on_op(self, call, args, kwargs, run):
+                out = run(*args, **kwargs)
+                if call.name is not None:
+                    self.seen.append((call.name, call.module))
+                return out
+
+        @hookimpl
+        def torchparity_op_consumers(options):
+            if options.level == "aten":
+                yield OpCounter()
+
+    .. versionadded:: 0.2
     """

@@ -341,3 +341,43 @@ def get_registry(config_path: str | None = None, *, reload: bool = False) -> Reg
 
 def clear_cache() -> None:
     _CACHE.clear()
+
+
+_WARNED: set[str] = set()
+
+
+def op_consumers(options: Any, registry: Registry | None = None) -> list[Any]:
+    """The op-stream consumers the installed plugins supply for a dump with ``options``
+    (:func:`~torchparity.hookspecs.torchparity_op_consumers`). A plugin that raises, or returns
+    something else than an :class:`~torchparity.capture.op_stream.OpConsumer`, is warned about
+    once and left out."""
+    reg = registry if registry is not None else get_registry()
+    hook = reg.pm.hook.torchparity_op_consumers
+    impls = hook.get_hookimpls()
+    if not impls:
+        return []
+    from .capture.op_stream import OpConsumer
+
+    out: list[Any] = []
+    for impl in sorted(impls, key=lambda i: i.plugin_name):
+        try:
+            kwargs = {a: options for a in impl.argnames if a == "options"}
+            produced = list(impl.function(**kwargs) or ())
+        except Exception as exc:
+            _warn_once(f"plugin '{impl.plugin_name}' failed in torchparity_op_consumers() ({type(exc).__name__}: "
+                       f"{exc}); its consumers are left out of this dump; disable it in plugins.yaml or report it "
+                       "to its author")
+            continue
+        for obj in produced:
+            if isinstance(obj, OpConsumer):
+                out.append(obj)
+            else:
+                _warn_once(f"plugin '{impl.plugin_name}' returned {type(obj).__name__} from "
+                           "torchparity_op_consumers(); expected torchparity.OpConsumer instances (left out)")
+    return out
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        log.warning(msg)

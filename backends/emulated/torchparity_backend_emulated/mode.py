@@ -1,4 +1,5 @@
-"""The emulated device: a TorchDispatchMode that changes how ops compute on the CPU.
+"""The emulated device: a device-layer consumer of the op stream that changes how ops compute on
+the CPU.
 
 This is an **emulation** for tests, demos and validating torchparity itself, not a device:
 
@@ -9,40 +10,34 @@ This is an **emulation** for tests, demos and validating torchparity itself, not
 * fault injection: :class:`~.faults.Fault` specs perturb, or put NaN/Inf into, the output of chosen
   ops (op pattern, module path pattern, phase, step, call index).
 
-Call indices count exactly like the dump's aten records (per op and phase within a step, views
-included, ``detach``-like bookkeeping ops excluded), so ``Fault(op="aten.mm", phase="forward",
-call=3)`` corrupts the record ``Aten.mm.3.forward``. Steps advance on ``optimizer.step()`` (the
-first optimizer that steps) or by hand with :meth:`EmulatedDeviceMode.step`.
+It hangs on :func:`torchparity.op_stream` at :data:`~torchparity.capture.op_stream.LAYER_DEVICE`,
+the innermost place of the chain, whatever the order in which it and the tool's observers (the
+dump, the NaN/Inf screen, online compare) were entered: they always see what the emulated device
+computed. Call indices, phases and modules are the stream's (:class:`~torchparity.capture.op_stream.
+OpCall`), which name ops exactly like the dump's aten records (per op and phase within a step,
+views included, ``detach``-like bookkeeping ops excluded), so ``Fault(op="aten.mm",
+phase="forward", call=3)`` corrupts the record ``Aten.mm.3.forward``. Steps advance on
+``optimizer.step()`` (the first optimizer that steps) or by hand with
+:meth:`EmulatedDeviceMode.next_step` (which ends the stream's step).
 
-torchparity's own computations (dump statistics, reference ops) run while
-:func:`torchparity.capture.session.tool_is_busy` is true: they pass through untouched and
-uncounted. Enter this mode *outside* torchparity's capture/compare modes (``dump(backend=
-"emulated")`` and ``CompareWithReference(backend="emulated")`` do that for you) so that they see
-what the emulated device computed.
+torchparity's own computations (dump statistics, reference ops) never reach it: the stream hands
+its consumers only the model's ops (see :func:`torchparity.capture.tool_state.tool_is_busy`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchparity.capture import ops as opinfo
-from torchparity.capture.aten_mode import _SKIP as _UNCOUNTED
-from torchparity.capture.module_tracker import Frame, ModuleTracker, in_backward, tag_graph
-from torchparity.capture.session import tool_is_busy
+from torchparity.capture.op_stream import LAYER_DEVICE, OpCall, OpConsumer, OpInfo, op_stream
 from torchparity.errors import PluginError
 
 from .faults import Fault, Injection
 
 log = logging.getLogger("torchparity")
-
-#: ``grad_fn.metadata`` key for backward attribution (separate from the dump's own key, so the
-#: dump's tags are never pre-empted by ours).
-_META_KEY = "torchparity.emulated"
 
 _DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -78,31 +73,32 @@ def dtype_name(dtype: torch.dtype | None) -> str | None:
     return None if dtype is None else str(dtype).replace("torch.", "")
 
 
-class EmulatedDeviceMode(TorchDispatchMode):
+class EmulatedDeviceMode(OpConsumer):
     """Reduced-precision compute and fault injection on the CPU (an emulation, see module doc).
+
+    A device-layer consumer of the op stream: ``with mode:`` attaches it for the block, and it
+    computes every op that reaches the end of the chain, after every observer.
 
     Attributes:
         dtype: the emulated compute dtype (``None``: full precision).
         faults: the planted faults.
-        step: the current step (0-based).
+        step: the current step (0-based, counted from this mode's entry).
         injections: every fault that fired, in order (what tests and demos assert on).
     """
 
-    #: read by online compare to know what precision the "device" computes in
+    #: read by the dump header, online compare and the NaN tracker to know that a consumer of the
+    #: stream computes ops as a device would (and in what precision)
     torchparity_emulated = True
+    layer = LAYER_DEVICE
 
     def __init__(self, dtype: Any = None, faults: Iterable[Fault | dict] = ()) -> None:
-        super().__init__()
         self.dtype = resolve_dtype(dtype)
         self.faults: list[Fault] = [Fault.from_mapping(f) for f in (faults or ())]
         self.step = 0
         self.injections: list[Injection] = []
-        self._counters: dict[tuple[str, str, str], int] = {}
-        self._in_optimizer = False
-        self._first_optimizer: int | None = None
-        self._hooks: list[Any] = []
-        self._tracker: ModuleTracker | None = None
-        self._info: dict[Any, tuple[str, str, str, bool, bool]] = {}
+        # faults name ops by module: only then does the stream track modules (and recomputes)
+        self.needs_modules = bool(self.faults)
+        self._emulate: dict[int, bool] = {}  # id(overload) -> computed in the emulated dtype
         #: ops whose kernel refused all-rounded inputs: computed at full precision, result rounded
         self.rounded_outputs_only: set[str] = set()
 
@@ -112,119 +108,63 @@ class EmulatedDeviceMode(TorchDispatchMode):
         return self.dtype
 
     def next_step(self) -> None:
-        """End the current step by hand (steps also end on ``optimizer.step()``)."""
-        self.step += 1
-        self._counters.clear()
-        if self._tracker is not None:
-            self._tracker.new_step()
+        """End the current step by hand (steps also end on ``optimizer.step()``): it ends the op
+        stream's step, so call indices start again from 0 for every consumer."""
+        if self in op_stream().consumers:
+            op_stream().next_step()  # calls on_step_end
+        else:
+            self.step += 1
 
     # ``step`` is the counter; keep a method name that reads well in user code
     advance_step = next_step
 
     # ---- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> "EmulatedDeviceMode":
-        import torch.optim.optimizer as optim_mod
+        op_stream().attach(self)
+        return self
 
-        self._hooks = [
-            optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre),
-            optim_mod.register_optimizer_step_post_hook(self._on_opt_post),
-        ]
-        if self.faults:
-            self._tracker = ModuleTracker()
-            self._tracker.on_exit.append(self._tag_backward)
-            self._tracker.start()
-        return super().__enter__()
+    def __exit__(self, *exc: Any) -> None:
+        op_stream().detach(self)
 
-    def __exit__(self, *exc: Any) -> Any:
-        try:
-            return super().__exit__(*exc)
-        finally:
-            for h in self._hooks:
-                h.remove()
-            self._hooks = []
-            if self._tracker is not None:
-                self._tracker.stop()
-                self._tracker = None
-
-    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._in_optimizer = True
-
-    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._in_optimizer = False
-        if self._first_optimizer is None:
-            self._first_optimizer = id(optimizer)
-        if id(optimizer) == self._first_optimizer:  # several optimizers: one step per iteration
-            self.next_step()
-
-    # ---- module attribution ---------------------------------------------------------------
-    def _tag_backward(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
-        """Tag the autograd nodes this module created with its path (innermost module wins)."""
-        tag_graph(output, frame.path, key=_META_KEY)
-
-    def _where(self) -> tuple[str, str]:
-        """(phase, module path) of the running op, as the dump would name them."""
-        tracker = self._tracker
-        if self._in_optimizer:
-            frame = tracker.current() if tracker is not None else None
-            return "optimizer", frame.path if frame is not None else ""
-        if in_backward():
-            frame = tracker.current() if tracker is not None else None
-            if frame is not None and frame.recompute:
-                return "recompute", frame.path
-            try:
-                node = torch._C._current_autograd_node()
-                module = node.metadata.get(_META_KEY, "") if node is not None else ""
-            except (AttributeError, RuntimeError):
-                module = ""
-            return "backward", module
-        frame = tracker.current() if tracker is not None else None
-        return "forward", frame.path if frame is not None else ""
+    def on_step_end(self, step: int) -> None:
+        self.step += 1
 
     # ---- dispatch -------------------------------------------------------------------------
-    def _op_info(self, func: Any) -> tuple[str, str, str, bool, bool]:
-        """(base name, ``ns.base``, record prefix, uncounted by the dump, to be rounded)."""
-        info = self._info.get(func)
-        if info is None:
-            base = opinfo.base_name(func)
-            ns = opinfo.namespace(func)
-            prefix = "Distributed" if opinfo.is_collective(func) else "Aten"
-            uncounted = base in _UNCOUNTED or ns == "profiler"
-            emulate = not (opinfo.is_view(func) or opinfo.is_random(func) or opinfo.is_collective(func)
-                           or base in _DATA_MOVEMENT or ns == "profiler")
-            info = (base, f"{ns}.{base}", prefix, uncounted, emulate)
-            self._info[func] = info
-        return info
+    def _emulates(self, info: OpInfo) -> bool:
+        """Is this overload computed in the emulated dtype? (not views, random, collectives,
+        data movement)"""
+        e = self._emulate.get(id(info.func))
+        if e is None:
+            e = self._emulate[id(info.func)] = not (info.view or info.random or info.collective
+                                                    or info.base in _DATA_MOVEMENT or info.namespace == "profiler")
+        return e
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if tool_is_busy():
-            return func(*args, **kwargs)
-        base, qualified, prefix, uncounted, emulate = self._op_info(func)
-        if self.dtype is not None and emulate:
-            out = self._reduced(func, args, kwargs)
+    def on_op(self, call: OpCall, args: tuple, kwargs: dict, run: Callable[..., Any]) -> Any:
+        # the stream never hands over the tool's own ops (tool_is_busy): they run untouched
+        info = call.info
+        if self.dtype is not None and self._emulates(info):
+            out = self._reduced(run, info.func, args, kwargs)
         else:
-            out = func(*args, **kwargs)
-        if self.faults and not uncounted:
-            phase, module = self._where()
-            key = (prefix, base, phase)
-            call = self._counters.get(key, 0)
-            self._counters[key] = call + 1
-            self._inject(func, prefix, base, qualified, phase, module, call, out)
+            out = run(*args, **kwargs)
+        if self.faults and info.counted:
+            # the stream's name of the op (its counter per (prefix, base, phase) within the step)
+            # is the dump's, so call=3 is the record Aten.<op>.3.<phase>
+            self._inject(call, out)
         return out
 
     # ---- reduced precision ----------------------------------------------------------------
-    def _reduced(self, func: Any, args: tuple, kwargs: dict) -> Any:
+    def _reduced(self, run: Callable[..., Any], func: Any, args: tuple, kwargs: dict) -> Any:
         target = self.dtype
         flat, _ = tree_flatten((args, kwargs))
         wide = None
         for t in flat:
             if isinstance(t, torch.Tensor):
                 if t.layout != torch.strided or t.is_complex() or t.device.type == "meta":
-                    return func(*args, **kwargs)
+                    return run(*args, **kwargs)
                 if t.dtype in _WIDE and (wide is None or t.dtype == torch.float64):
                     wide = t.dtype
         if wide is None:  # nothing to round: integer ops, already-16-bit tensors
-            return func(*args, **kwargs)
+            return run(*args, **kwargs)
         converted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(orig) -> (orig, rounded)
 
         def down(x: Any) -> Any:
@@ -238,13 +178,13 @@ class EmulatedDeviceMode(TorchDispatchMode):
 
         cargs, ckwargs = tree_map(down, (args, kwargs))
         try:
-            out = func(*cargs, **ckwargs)
+            out = run(*cargs, **ckwargs)
         except (RuntimeError, NotImplementedError):
             # Kernels with mixed-dtype contracts (e.g. SDPA backward wants a float32 logsumexp
             # next to half inputs) refuse all-rounded inputs: compute at full precision and round
             # the result instead, and remember the op so it can be reported.
             self.rounded_outputs_only.add(str(func))
-            out = func(*args, **kwargs)
+            out = run(*args, **kwargs)
             arg_ids = {id(t) for t in flat if isinstance(t, torch.Tensor)}
 
             def round_result(x: Any) -> Any:
@@ -274,11 +214,17 @@ class EmulatedDeviceMode(TorchDispatchMode):
         return tree_map(up, out)
 
     # ---- faults ---------------------------------------------------------------------------
-    def _inject(self, func: Any, prefix: str, base: str, qualified: str, phase: str, module: str, call: int, out: Any) -> None:
+    def _inject(self, call: OpCall, out: Any) -> None:
+        info = call.info
+        func, base, index = info.func, info.base, call.index
+        phase = module = qualified = None
         for i, f in enumerate(self.faults):
-            if f.call is not None and f.call != call:
+            if f.call is not None and f.call != index:
                 continue
-            if not f.matches_op(base, qualified, str(func)) or not f.matches_where(module, phase, self.step):
+            if qualified is None:
+                phase, qualified = call.phase, f"{info.namespace}.{base}"
+                module = call.module
+            if not f.matches_op(base, qualified, info.op) or not f.matches_where(module, phase, self.step):
                 continue
             tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             if f.output >= len(tensors):
@@ -287,11 +233,11 @@ class EmulatedDeviceMode(TorchDispatchMode):
             if not t.is_floating_point() or t.numel() == 0:
                 continue
             detail = _corrupt(t, f)
-            inj = Injection(fault=i, op=str(func), module=module, phase=phase, step=self.step, call=call,
+            inj = Injection(fault=i, op=info.op, module=module, phase=phase, step=self.step, call=index,
                             kind=f.kind, detail=detail)
             self.injections.append(inj)
-            log.info("emulated device: injected %s into %s.%s.%d.%s (module %r, step %d)", f.kind,
-                     prefix, base, call, phase, module, self.step)
+            log.info("emulated device: injected %s into %s (module %r, step %d)", f.kind, call.name, module,
+                     self.step)
 
 
 def _written_ids(func: Any, args: Sequence[Any], kwargs: dict) -> set[int]:
@@ -358,13 +304,8 @@ class emulate:
 
 
 def active_emulation() -> EmulatedDeviceMode | None:
-    """The innermost active :class:`EmulatedDeviceMode`, if any."""
-    try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-        for m in reversed(_get_current_dispatch_mode_stack()):
-            if isinstance(m, EmulatedDeviceMode):
-                return m
-    except Exception:  # pragma: no cover
-        pass
+    """The active :class:`EmulatedDeviceMode` (the last one attached to the op stream), if any."""
+    for c in reversed(op_stream().consumers):
+        if isinstance(c, EmulatedDeviceMode):
+            return c
     return None

@@ -1,4 +1,4 @@
-"""Aten-level capture: a TorchDispatchMode that records every kernel call.
+"""Aten-level capture: the dump's consumer of the op stream, recording every kernel call.
 
 It sees what the Python API cannot: the kernels autograd runs in backward, the optimizer's
 ``_foreach_*`` kernels, factory ops and collectives (``c10d`` ops). Inputs are described before the
@@ -10,14 +10,11 @@ Backward kernels are attributed to the module that created their autograd node (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from typing import Any, Callable
 
 from . import ops as opinfo
+from .op_stream import LAYER_OBSERVER, UNCOUNTED_OPS, OpCall, OpConsumer, OpInfo, op_stream
 from .optim_names import OptimizerParamNames
-from .session import tool_is_busy
 from .session import CaptureSession, flat_args, flat_outputs
 
 # In-place ops that overwrite their destination without reading it: its old content is
@@ -48,48 +45,47 @@ _WHY_WORKSPACE = "kernel workspace"
 
 
 @dataclass(frozen=True)
-class _OpInfo:
-    """What the mode needs to know about one op overload (computed once per overload)."""
+class _DumpInfo:
+    """What the dump needs to know about one op overload beyond the stream's :class:`OpInfo`
+    (computed once per overload)."""
 
-    base: str
-    op: str
-    collective: bool
-    view: bool
-    inplace: bool
-    writes: tuple[tuple[int, str, bool], ...]
-    random: bool
     factory: bool  # result is uninitialised memory (empty*)
     in_no_values: dict[str, str]  # input arg -> why it is described but not measured
     out_no_values: dict[str, str]  # output index -> why
 
 
-def _op_info(func: Any) -> _OpInfo:
-    base = opinfo.base_name(func)
+def _dump_info(info: OpInfo) -> _DumpInfo:
+    func, base = info.func, info.base
     no_in = dict.fromkeys(_OVERWRITTEN_INPUT, _WHY_OVERWRITTEN) if base in _OVERWRITING else dict.fromkeys(_OUT_ARG, _WHY_OUT)
     no_in.update(dict.fromkeys(opinfo.workspace_inputs(func), _WHY_WORKSPACE))
     factory = base in _UNINITIALIZED_RESULT
     no_out = dict.fromkeys(_ALL_OUTPUTS, _WHY_UNINIT) if factory else {}
     no_out.update({str(i): _WHY_WORKSPACE for i in opinfo.workspace_outputs(func)})
-    return _OpInfo(base, str(func), opinfo.is_collective(func), opinfo.is_view(func), opinfo.is_inplace(func),
-                   opinfo.written_args(func), opinfo.is_random(func), factory, no_in, no_out)
+    return _DumpInfo(factory, no_in, no_out)
 
 
-_SKIP = frozenset({"detach", "alias", "lift_fresh", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"})
+#: ops the dump does not record (bookkeeping, metadata queries): the stream's uncounted ops
+_SKIP = UNCOUNTED_OPS
 
 
-class AtenCaptureMode(TorchDispatchMode):
-    """Records aten kernels into a :class:`CaptureSession`.
+class AtenCaptureMode(OpConsumer):
+    """Records aten kernels into a :class:`CaptureSession`: the dump's consumer of the
+    :func:`~torchparity.capture.op_stream.op_stream` (an observer, so it records what any
+    device-layer consumer, such as the emulated device, computed).
 
-    With ``collectives_only=True`` it records only collective ops (used at the module/api levels,
-    where collectives are not visible otherwise) and is otherwise a cheap pass-through.
+    ``with AtenCaptureMode(session):`` attaches it to the stream for the block. With
+    ``collectives_only=True`` it records only collective ops (used at the module/api levels,
+    where collectives are not visible otherwise) and passes every other op on.
     """
 
+    layer = LAYER_OBSERVER
+    needs_modules = False  # the session's own tracker names modules (shared with the api/module levels)
+
     def __init__(self, session: CaptureSession, collectives_only: bool = False) -> None:
-        super().__init__()
         self.session = session
         self.collectives_only = collectives_only
-        self._names: dict[Any, _OpInfo] = {}
-        # this mode sees every kernel, so every write: the session may reuse statistics
+        self._extra: dict[int, _DumpInfo] = {}  # id(overload) -> dump info (overloads live forever)
+        # this consumer sees every kernel, so every write: the session may reuse statistics
         if not collectives_only:
             session.reuse_stats = True
         self._param_names = None if collectives_only else OptimizerParamNames(session.tracker)
@@ -98,80 +94,78 @@ class AtenCaptureMode(TorchDispatchMode):
         if self._param_names is not None:
             self._param_names.start()
         try:
-            return super().__enter__()
+            op_stream().attach(self)
         except BaseException:
             if self._param_names is not None:
                 self._param_names.stop()
             raise
+        return self
 
-    def __exit__(self, *exc: Any) -> Any:
-        if self._param_names is not None:
-            self._param_names.stop()
-        return super().__exit__(*exc)
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            op_stream().detach(self)
+        finally:
+            if self._param_names is not None:
+                self._param_names.stop()
 
-    def _info(self, func: Any) -> _OpInfo:
-        info = self._names.get(func)
-        if info is None:
-            info = self._names[func] = _op_info(func)
-        return info
-
-    def _run(self, func: Any, args: tuple, kwargs: dict, info: _OpInfo) -> Any:
-        """Run an unrecorded kernel; what it writes still invalidates statistics seen before, and
+    def _run(self, run: Any, args: tuple, kwargs: dict, info: OpInfo) -> Any:
+        """Run an unrecorded op; what it writes still invalidates statistics seen before, and
         what it allocates still counts for the uninitialised-memory bookkeeping."""
-        out = func(*args, **kwargs)
+        out = run(*args, **kwargs)
         if not self.collectives_only:
             s = self.session
             if info.writes:
                 s.note_writes(_written(args, kwargs, info.writes))
-            if not s.busy and not tool_is_busy():
-                self._track_uninit(info, out)
+            if not s.busy:
+                u = s.uninit
+                if info.base in _UNINITIALIZED_RESULT:
+                    u.mark(v for _, v in flat_outputs(out))
+                elif u and not info.view:
+                    u.written(v for _, v in flat_outputs(out))
         return out
 
-    def _track_uninit(self, info: _OpInfo, out: Any) -> None:
-        """``empty*`` results start uninitialised; any other non-view result is fresh memory (a
-        storage the allocator may have handed out again), so it is no longer uninitialised."""
-        u = self.session.uninit
-        if info.factory:
-            u.mark(v for _, v in flat_outputs(out))
-        elif u and not info.view:
-            u.written(v for _, v in flat_outputs(out))
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
+    def on_op(self, call: OpCall, args: tuple, kwargs: dict, run: Callable[..., Any]) -> Any:
         s = self.session
-        info = self._info(func)
-        base, op, collective, view, inplace, writes, random = (info.base, info.op, info.collective, info.view,
-                                                               info.inplace, info.writes, info.random)
-        if s.busy or tool_is_busy() or base in _SKIP or func.namespace == "profiler" or (self.collectives_only and (not collective or s.api_collective_depth)) or not s.enabled_step:
-            return self._run(func, args, kwargs, info)
-        phase = s.phase()
+        info = call.info
+        if s.busy or not info.counted or not s.enabled_step or \
+                (self.collectives_only and (not info.collective or s.api_collective_depth)):
+            return self._run(run, args, kwargs, info)
+        # the stream's phase, except that only the session's tracker (the dump's modules) knows
+        # a recompute from a backward
+        phase = call.phase
+        if phase == "backward" or phase == "recompute":
+            phase = s.phase()
         module, module_class, fwd, tag = s.module_info()
+        base, op = info.base, info.op
         if not s.wants(base, op, phase, module):
-            return self._run(func, args, kwargs, info)
-        prefix = "Distributed" if collective else "Aten"
+            return self._run(run, args, kwargs, info)
+        extra = self._extra.get(id(info.func))
+        if extra is None:
+            extra = self._extra[id(info.func)] = _dump_info(info)
+        view, writes = info.view, info.writes
         flags: dict[str, Any] = {}
-        if inplace:
+        if info.inplace:
             flags["inplace"] = True
-        if collective:
+        if info.collective:
             flags["collective"] = True
         if view:
             flags["view"] = True
-        if random:
+        if info.random:
             flags["random"] = True
         if tag is not None and tag.get("node"):
             flags["node"] = tag["node"]
-        rec = s.new_record(prefix=prefix, base=base, op=op, level="aten", phase=phase, module=module,
+        rec = s.new_record(prefix=info.prefix, base=base, op=op, level="aten", phase=phase, module=module,
                            module_class=module_class, fwd=fwd, flags=flags)
         if rec is None:
-            return self._run(func, args, kwargs, info)
+            return self._run(run, args, kwargs, info)
         unmeasured: dict[str, str] = {}
         s.busy = True
         try:
             rec.tensors = s.describe(flat_args(args, kwargs), "input", rec.id, link=True,
-                                     no_values=info.in_no_values, unmeasured=unmeasured)
+                                     no_values=extra.in_no_values, unmeasured=unmeasured)
         finally:
             s.busy = False
-        out = func(*args, **kwargs)
+        out = run(*args, **kwargs)
         s.busy = True
         try:
             if writes:
@@ -181,11 +175,11 @@ class AtenCaptureMode(TorchDispatchMode):
             elif base == "expand" and args:
                 s.expanded_values(args[0], out)
             outs = flat_outputs(out)
-            if info.factory:
+            if extra.factory:
                 s.uninit.mark(v for _, v in outs)
             elif s.uninit and not view:
                 s.uninit.written(v for _, v in outs)
-            rec.tensors += s.describe(outs, "output", rec.id, link=False, no_values=info.out_no_values,
+            rec.tensors += s.describe(outs, "output", rec.id, link=False, no_values=extra.out_no_values,
                                       unmeasured=unmeasured)
             if unmeasured:
                 rec.flags["unmeasured"] = unmeasured

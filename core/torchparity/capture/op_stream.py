@@ -178,6 +178,20 @@ class _StreamMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         return self.stream._dispatch(func, args, kwargs or {})
 
+    # Code written for the time when the emulated device was a dispatch mode of its own looks for
+    # ``torchparity_emulated`` on the mode stack: the stream's mode answers for its consumers.
+    @property
+    def torchparity_emulated(self) -> bool:
+        return self.stream.emulation() is not None
+
+    @property
+    def emulated_dtype(self) -> Any:
+        return getattr(self.stream.emulation(), "emulated_dtype", None)
+
+    @property
+    def faults(self) -> list:
+        return list(getattr(self.stream.emulation(), "faults", []) or [])
+
 
 class OpStream:
     """The process's op stream (get it with :func:`op_stream`)."""
@@ -238,6 +252,20 @@ class OpStream:
                     self.tracker = None
                 if not self._consumers:
                     self._stop()
+
+    def emulation(self) -> OpConsumer | None:
+        """The innermost attached consumer that emulates a device (``torchparity_emulated``), if
+        any: the dump header, online compare and the NaN tracker ask what it computes in
+        (``emulated_dtype``)."""
+        for c in reversed(self._chain):
+            if getattr(c, "torchparity_emulated", False):
+                return c
+        return None
+
+    def changes_numerics(self) -> bool:
+        """Is a consumer attached that may change what ops compute (layer above
+        :data:`LAYER_OBSERVER`)?"""
+        return any(c.layer > LAYER_OBSERVER for c in self._chain)
 
     def attached(self, consumer: OpConsumer, model: torch.nn.Module | None = None) -> "_Attached":
         """``with stream.attached(consumer): ...``"""

@@ -27,6 +27,7 @@ from ..capture.api_mode import ApiCaptureMode
 from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
 from ..capture.module_tracker import ModuleTracker
+from ..capture.op_stream import op_stream
 from ..capture.session import CaptureSession, current_rank, world_size
 from ..capture.stats import CHECKSUM_ALGORITHM
 from ..errors import UsageError
@@ -56,18 +57,10 @@ def _describe_backend(name: str | None) -> dict[str, Any]:
 
 
 def _active_emulation() -> Any | None:
-    """The emulated-device dispatch mode the dump runs under (``with emulate(...)`` entered
-    before the dump), if any: the header must say the device was emulated, and at which dtype."""
-    try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-        modes = _get_current_dispatch_mode_stack()
-    except Exception:  # pragma: no cover - private API moved
-        return None
-    for m in reversed(modes):
-        if getattr(m, "torchparity_emulated", False):
-            return m
-    return None
+    """The emulated device the dump runs with (``with emulate(...)`` entered before the dump: a
+    device-layer consumer of the op stream), if any: the header must say the device was
+    emulated, and at which dtype."""
+    return op_stream().emulation()
 
 
 def _describe_device(name: str | None) -> dict[str, Any]:
@@ -81,6 +74,20 @@ def _describe_device(name: str | None) -> dict[str, Any]:
     env["device_name"] = f"emulated device on the CPU ({env['emulated_dtype'] or 'full precision'})"
     env["faults"] = [f.to_dict() if hasattr(f, "to_dict") else str(f) for f in getattr(emu, "faults", [])]
     return env
+
+
+def _plugin_consumers(options: DumpOptions) -> list[Any]:
+    """The op-stream consumers installed plugins supply for this dump (hook
+    ``torchparity_op_consumers``); a plugins.yaml that cannot be read leaves them out (its
+    problem is told, as for the header's device description), it never stops the dump."""
+    from ..errors import TorchparityError
+    from ..plugins import op_consumers
+
+    try:
+        return op_consumers(options)
+    except TorchparityError as exc:
+        log.warning("torchparity: no plugin op-stream consumers for this dump (%s)", exc)
+        return []
 
 
 def _activate_backend(name: str) -> Any:
@@ -155,8 +162,8 @@ class Dumper:
         stack = ExitStack()
         try:
             if o.backend is not None:
-                # The device context goes outermost, so the capture modes see what the device
-                # computed (for the emulated backend: its reduced precision and injected faults).
+                # A device backend's context (the emulated device: a device-layer consumer of the
+                # op stream) is innermost in the stream's chain, so the dump sees what it computed.
                 stack.enter_context(_activate_backend(o.backend))
             stack.enter_context(tracker)
             self._module_capture = ModuleCapture(self.session, tracker,
@@ -178,6 +185,9 @@ class Dumper:
             if "api" in o.levels:
                 self._api_mode = ApiCaptureMode(self.session)
                 stack.enter_context(self._api_mode)
+            # installed plugins' consumers of the op stream, for the dump's lifetime
+            for consumer in _plugin_consumers(o):
+                stack.enter_context(op_stream().attached(consumer, self.model))
         except Exception:
             stack.close()
             self.writer.close()
