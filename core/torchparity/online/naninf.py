@@ -269,7 +269,9 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
         seen the step end: :meth:`step`, or the optimizer hook after the stream's)."""
         if not self.steps_on_optimizer and not self._by_hand:
             return
-        self._raise = self._end_step(False) or self._raise
+        finding = self._end_step(False)
+        if self._raise is None and finding is not None and finding.kind == "created":
+            self._raise = finding  # the earliest step's culprit, if several steps end before a raise
 
     def on_detach(self) -> None:
         self._attached = False
