@@ -362,8 +362,7 @@ class _Tracker(_EngineNanInfTracker):
         self.facade = facade  # before the engine's first _reset_step
         super().__init__(**kw)
 
-    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._in_optimizer = False  # torch_musa: steps advance on step() only
+    steps_on_optimizer = False  # torch_musa: steps advance on step() only
 
     def _reset_step(self) -> None:
         super()._reset_step()
@@ -439,7 +438,7 @@ class NanInfTracker:
     def step(self) -> None:
         """Advance ``step_cnt``; the step that ends is checked (one host read)."""
         self.step_cnt += 1
-        if self.engine is not None and self.engine._mode is not None:
+        if self.engine is not None and self.engine.running:
             self.engine.step()
 
     def _warn(self, f: NanInfFinding) -> None:

@@ -6,7 +6,16 @@
         train(model)          # steps advance on optimizer.step(); t.step() by hand
     print(t.findings)        # [NanInfFinding(name='Aten.mul.7.forward', module='layers.1.mlp', ...)]
 
-How it works (one :class:`~torch.utils._python_dispatch.TorchDispatchMode`):
+How it works: the tracker is a consumer of the op stream
+(:func:`~torchparity.capture.op_stream.op_stream`, the process's one
+:class:`~torch.utils._python_dispatch.TorchDispatchMode`), attached by :meth:`NanInfTracker.start`
+with ``needs_modules`` and detached by :meth:`NanInfTracker.stop`. The stream works out once per op
+what every consumer shares: the op's dump-style name (``Aten.mul.7.forward``: the same name a dump
+or online compare running alongside gives the op), its phase, its module (forward: the innermost
+running module; backward: the module whose forward created the autograd node), and step ends. A
+step ends for every consumer at once (the first optimizer's ``step()``, or
+:meth:`NanInfTracker.step`, which calls ``op_stream().next_step()``).
+
 
 * Every floating-point tensor an op reads or writes gets a *screen*: one small reduction computed
   on the tensor's own device (``sum`` in float32 or wider, which is non-finite exactly when the
@@ -23,15 +32,15 @@ How it works (one :class:`~torch.utils._python_dispatch.TorchDispatchMode`):
   cannot turn finite inputs into a NaN/Inf (``cat``, ``index_select``, ``where``, ``relu``,
   ``clamp``, ``amax`` ... see ``_INHERITS``) give their outputs "finite" without measuring them
   when every input is known finite (only while no other dispatch mode, e.g. an emulated device
-  that may corrupt any op's output, runs below the tracker). Under the same condition an output
+  that may corrupt any op's output, runs below the tracker, and no consumer of the stream's
+  device layer, such as the emulated device, is attached). Under the same condition an output
   read whole by the next op through one that carries every NaN/Inf into its result (``add``,
   ``mul``, ``div``'s numerator, ``pow``, ``sum``, ``mean``, ``silu``, ``sqrt``: ``_PRESERVING``)
   is not screened itself: a finite result proves it finite; otherwise (or before anything else
   reads or writes it, or at the step end) it is screened and judged as usual, so the verdicts
   are those of screening every output (see :meth:`NanInfTracker._resolve`).
 * Other devices: per op the host only appends to lists (which screens are the op's inputs, which
-  its outputs, the op's name, module path and phase); at a step boundary (``optimizer.step()`` or
-  :meth:`NanInfTracker.step`) the screens are stacked and folded *on the device* into two int64
+  its outputs, the op's name, module path and phase); at a step end the screens are stacked and folded *on the device* into two int64
   scalars, "first culprit" (the first op whose outputs are non-finite while every input is finite)
   and "first external" (the first op that read a non-finite tensor that no tracked op produced in
   this step: NaN in the data or parameters), and those two numbers are the only values brought to
@@ -50,25 +59,25 @@ a forward op outside any module, the root module's output) are findings; the oth
 ``absorbed`` (see :meth:`NanInfTracker._verdict` and :meth:`NanInfTracker._collect`).
 
 The tracker never changes the model's numerics: it only reads tensors, and its own reductions run
-under :class:`~torchparity.capture.session.tool_work` so other torchparity modes ignore them.
-Device contexts (e.g. the emulated backend) must be entered *outside* the tracker so that the
-tracker sees what the device computed.
+under :class:`~torchparity.capture.session.tool_work` so other torchparity modes ignore them. It is
+an observer (``layer = LAYER_OBSERVER``): a consumer of the stream's device layer (which computes
+ops another way) runs inside it, so the tracker sees what the device computed, whichever was
+attached first. A device that is a dispatch mode of its own must be entered *outside* the tracker.
+The per-op checks live in :mod:`~torchparity.online.naninf_ops`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture import ops as opinfo
-from ..capture.aten_mode import _SKIP as _UNCOUNTED
-from ..capture.module_tracker import Frame, ModuleTracker, tag_graph, where_now
-from ..capture.session import TensorMemo, _tool_state
+from ..capture.module_tracker import Frame, ModuleTracker
+from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, OpInfo, _StreamMode, op_stream
+from ..capture.session import TensorMemo
 from ..errors import UsageError
 
 log = logging.getLogger("torchparity")
@@ -113,20 +122,14 @@ from .naninf_rules import (  # noqa: F401 (re-exported: tests and callers use na
 )
 from .naninf_findings import MARKER, NanInfFinding, NonFiniteError
 from .naninf_fold import DeviceFold, _Pending
+from .naninf_ops import OpChecks
 from .naninf_screens import ScreenMemo
 from .naninf_sites import SiteJudge
 
-
-class _Mode(TorchDispatchMode):
-    def __init__(self, tracker: "NanInfTracker") -> None:
-        super().__init__()
-        self.t = tracker
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        return self.t._on_op(func, args, kwargs or {})
+_STREAM = op_stream()
 
 
-class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
+class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
     """Report the first op that produced a NaN/Inf from finite inputs, with module path and step.
 
     :param model: optional root module, to name modules by their path in it (``layers.1.mlp``);
@@ -140,9 +143,18 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
 
     ``findings`` lists every :class:`NanInfFinding` (the harmful creation sites of each step, in
     op order); ``absorbed`` the sites whose NaN/Inf reached no sink; ``first`` is the first
-    culprit ever found. Steps advance on ``optimizer.step()`` (the first optimizer that steps) or
-    by hand with :meth:`step`; :meth:`check` reads the current step's state now (one host sync).
+    culprit ever found. Steps advance with the op stream's: on ``optimizer.step()`` (the first
+    optimizer that steps) or by hand with :meth:`step` (which ends the step of every consumer of
+    the stream: a dump running alongside starts its next step too); :meth:`check` reads the
+    current step's state now (one host sync). ``current_step`` counts the steps since this tracker
+    started (the findings' ``step``).
     """
+
+    layer = LAYER_OBSERVER
+    needs_modules = True
+    #: end this tracker's step when the stream's step ends on ``optimizer.step()`` (False: only
+    #: :meth:`step` does; op names still restart at every stream step)
+    steps_on_optimizer = True
 
     def __init__(self, model: torch.nn.Module | None = None, *, on_failure: str = "log",
                  steps: Iterable[int] | None = None, report_entered: bool = True) -> None:
@@ -160,11 +172,13 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
         #: creation sites whose NaN/Inf never reached a sink (information, not findings)
         self.absorbed: list[NanInfFinding] = []
         self.current_step = 0
-        self._mode: _Mode | None = None
-        self._tracker: ModuleTracker | None = None
+        self._attached = False
+        self._tracker: ModuleTracker | None = None  # the op stream's, while attached
         self._hooks: list[Any] = []
-        self._first_optimizer: int | None = None
-        self._in_optimizer = False
+        self._raise: NanInfFinding | None = None  # a step's finding to raise once the step has ended
+        self._by_hand = False  # inside step(): the stream's step end is ours
+        self._seen: tuple = ()  # the stream's consumer chain that ``_inherit`` was decided for
+        self._call: OpCall | None = None  # the op being checked
         self._lock = threading.RLock()
         self._info: dict[int, _OpInfo] = {}
         self._funcs: list[Any] = []
@@ -181,6 +195,11 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
 
     # ---- public ------------------------------------------------------------------------------
     @property
+    def running(self) -> bool:
+        """Is the tracker attached to the op stream (between :meth:`start` and :meth:`stop`)?"""
+        return self._attached
+
+    @property
     def first(self) -> NanInfFinding | None:
         """The first op found creating a NaN/Inf (``kind == "created"``), if any."""
         for f in self.findings:
@@ -189,44 +208,50 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
         return None
 
     def start(self) -> "NanInfTracker":
-        if self._mode is not None:
+        """Attach to the op stream (with ``model``, modules are named by their path in it)."""
+        if self._attached:
             raise UsageError("this NanInfTracker is already running; call stop() first")
         import torch.optim.optimizer as optim_mod
 
-        self._tracker = ModuleTracker()
-        if self.model is not None:
-            self._tracker.add_root(self.model)
-        self._tracker.on_enter.append(self._module_enter)
-        self._tracker.on_exit.append(self._module_exit)
-        self._tracker.start()
-        self._hooks = [optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre),
-                       optim_mod.register_optimizer_step_post_hook(self._on_opt_post)]
+        stream = op_stream()
         self._stale = True
-        self._inherit = self._host_read and not _other_modes()
-        self._mode = _Mode(self)
-        self._mode.__enter__()
+        self._raise = None
+        stream.attach(self, model=self.model)
+        self._attached = True
+        self._tracker = stream.tracker
+        if self._tracker is not None:  # the root module's output is a sink
+            self._tracker.on_exit.append(self._module_exit)
+        # raise a step's finding only after the stream has ended the step for every consumer
+        # (registered after the stream's own hook, so it runs after it)
+        self._hooks = [optim_mod.register_optimizer_step_post_hook(self._after_opt_step)]
+        self._seen = ()
+        self._refresh_inherit(stream)
         return self
 
     def stop(self, _raise: bool = True) -> None:
-        """Stop tracking; the last (partial) step is checked and reported."""
-        if self._mode is None:
+        """Detach from the op stream; the last (partial) step is checked and reported."""
+        if not self._attached:
             return
-        try:
-            self._mode.__exit__(None, None, None)
-        finally:
-            self._mode = None
-            for h in self._hooks:
-                h.remove()
-            self._hooks = []
-            if self._tracker is not None:
-                self._tracker.stop()
-                self._tracker = None
-        self._end_step(raise_now=_raise, advance=False)
+        op_stream().detach(self)  # -> on_detach
+        pending, self._raise = self._raise, None
+        finding = self._end_step(False, advance=False)
         self._clear_memo()
+        if _raise:
+            self._raise_if(pending or finding)
 
     def step(self) -> None:
-        """End the current step by hand: check it (one host read), report, maybe raise."""
-        self._end_step(raise_now=True)
+        """End the current step by hand: check it (one host read), report, maybe raise. While the
+        tracker runs this is ``op_stream().next_step()``: the step ends for every consumer."""
+        if self._attached:
+            self._by_hand = True
+            try:
+                op_stream().next_step()  # -> on_step_end
+            finally:
+                self._by_hand = False
+            pending, self._raise = self._raise, None
+        else:
+            pending = self._end_step(False)
+        self._raise_if(pending)
 
     def check(self) -> NanInfFinding | None:
         """Fold what the current step computed so far and return its finding (one host sync)."""
@@ -238,9 +263,41 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.stop(_raise=exc_type is None)
 
+    # ---- the op stream -----------------------------------------------------------------------
+    def on_step_end(self, step: int) -> None:
+        """The stream ended a step: check it and report (raising waits until every consumer has
+        seen the step end: :meth:`step`, or the optimizer hook after the stream's)."""
+        if not self.steps_on_optimizer and not self._by_hand:
+            return
+        finding = self._end_step(False)
+        if self._raise is None and finding is not None and finding.kind == "created":
+            self._raise = finding  # the earliest step's culprit, if several steps end before a raise
+
+    def on_detach(self) -> None:
+        self._attached = False
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        t, self._tracker = self._tracker, None
+        if t is not None and self._module_exit in t.on_exit:
+            t.on_exit.remove(self._module_exit)
+        self._call = None
+
+    def _after_opt_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        pending, self._raise = self._raise, None
+        self._raise_if(pending)
+
+    def _raise_if(self, finding: NanInfFinding | None) -> None:
+        if finding is not None and self.on_failure == "raise" and finding.kind == "created":
+            raise NonFiniteError(finding)
+
+    def _refresh_inherit(self, stream: Any) -> None:
+        """CPU inheritance only while nothing below the tracker may change what ops compute."""
+        self._seen = stream.consumers
+        self._inherit = self._host_read and not _other_modes()
+
     # ---- steps -------------------------------------------------------------------------------
     def _reset_step(self) -> None:
-        self._counters: dict[tuple[str, str, str], int] = {}
         self._seq = 0  # tracked (checked) ops so far in this step
         # host-judged (CPU) ops: the first culprit (seq, name row, value) and first external reader
         self._host_entered: tuple[int, tuple] | None = None
@@ -269,17 +326,17 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
         self._state_device: torch.device | None = None
         self._keep: list[torch.Tensor] = []  # pinned index tensors in flight to the device
         self._active = self.steps is None or self.current_step in self.steps
-        if self._mode is not None:
-            self._inherit = self._host_read and not _other_modes()
-        if self._tracker is not None:
-            self._tracker.new_step()
+        if self._attached:
+            self._refresh_inherit(op_stream())
 
     def _clear_memo(self) -> None:
         self._memo.clear()
         self._gen.clear()
         self._stale = False
 
-    def _end_step(self, raise_now: bool, advance: bool = True) -> None:
+    def _end_step(self, raise_now: bool = False, advance: bool = True) -> NanInfFinding | None:
+        """Check and report the step; returns its top finding (raised now with ``raise_now``,
+        else by the caller once every consumer has seen the step end: :meth:`_raise_if`)."""
         with self._lock:
             found, absorbed = self._collect() if self._active else ([], [])
             if found and found[0].kind == "entered" and (
@@ -295,60 +352,35 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
             if advance:
                 self.current_step += 1
             self._reset_step()
-        if finding is not None and raise_now and self.on_failure == "raise" and finding.kind == "created":
-            raise NonFiniteError(finding)
-
-    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._in_optimizer = True
-
-    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._in_optimizer = False
-        if self._first_optimizer is None:
-            self._first_optimizer = id(optimizer)
-        if id(optimizer) == self._first_optimizer:  # several optimizers: one step per iteration
-            self.step()
+        if raise_now:
+            self._raise_if(finding)
+        return finding
 
     # ---- module attribution ------------------------------------------------------------------
-    def _module_enter(self, frame: Frame, args: tuple, kwargs: dict) -> None:
-        # the inputs' nodes themselves (ids of node wrappers are not stable on torch < 2.2)
-        frame.stop_nodes = [a.grad_fn for a in args if isinstance(a, torch.Tensor) and a.grad_fn is not None]  # type: ignore[attr-defined]
-        return None
-
     def _module_exit(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
-        """Tag the autograd nodes this module created (innermost module wins) for backward ops;
-        the root module's output is a sink (see :meth:`_verdict`)."""
-        if frame.path == "" and not frame.recompute and self._mode is not None and self._active:
+        """The root module's output is a sink (see :meth:`_verdict`); the stream's tracker tags
+        the autograd nodes for backward attribution."""
+        if frame.path == "" and not frame.recompute and self._attached and self._active:
             self._output_sink(output)
-        if frame.recompute or not torch.is_grad_enabled():
-            return
-        tag_graph(output, (frame.path, frame.cls), stop_at=getattr(frame, "stop_nodes", None), key=_META_KEY)
-
-    def _phase(self) -> str:
-        """The running op's phase (as :func:`where_now` names it), without the module lookup."""
-        if self._in_optimizer:
-            return "optimizer"
-        if _graph_task_id() != -1:
-            frame = self._tracker.current() if self._tracker is not None else None
-            return "recompute" if frame is not None and frame.recompute else "backward"
-        return "forward"
 
     def _row(self, info: _OpInfo, call: int) -> tuple:
-        """(prefix, base, call, op, module, module class, phase) of the running op."""
-        phase, module, module_class = where_now(self._tracker, self._in_optimizer, _META_KEY)
-        return (info.prefix, info.base, call, info.op, module, module_class, phase)
+        """(prefix, base, call, op, module, module class, phase) of the running op (its module
+        and phase as the op stream names them)."""
+        c = self._call
+        module, module_class = c.where() if c is not None else ("", None)
+        return (info.prefix, info.base, call, info.op, module, module_class, c.phase if c is not None else "forward")
 
     # ---- per op (hot path) -------------------------------------------------------------------
-    def _op_info(self, func: Any) -> _OpInfo:
-        base = opinfo.base_name(func)
-        ns = opinfo.namespace(func)
-        prefix = "Distributed" if opinfo.is_collective(func) else "Aten"
-        writes = opinfo.written_args(func)
+    def _op_info(self, si: OpInfo) -> _OpInfo:
+        """The tracker's rules for an overload, keyed by the stream's :class:`OpInfo`."""
+        func, base, ns = si.func, si.base, si.namespace
+        writes = si.writes
         schema = getattr(func, "_schema", None)
         out_only: set[Any] = set()
         for i, name, _ in writes:
             if schema is not None and schema.arguments[i].kwarg_only:
                 out_only.update((i, name))
-        if base in _UNCOUNTED or ns == "profiler":
+        if not si.counted:
             kind = _SKIP
         elif opinfo.is_uninitialised(func):
             kind = _UNCHECKED
@@ -356,26 +388,27 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
             kind = _CHECK
         # views and copies hand their input's values on and cannot create a NaN/Inf: their
         # outputs share the input's screen; uninitialised results mean nothing
-        alias = 1 if base == "copy_" else 0 if (opinfo.is_view(func) or base in _COPIES or base in _SAME) else -1
-        info = _OpInfo(kind=kind, prefix=prefix, base=base, op=str(func), first=1 if base in _OVERWRITING else 0,
+        alias = 1 if base == "copy_" else 0 if (si.view or base in _COPIES or base in _SAME) else -1
+        info = _OpInfo(kind=kind, prefix=si.prefix, base=base, op=si.op, first=1 if base in _OVERWRITING else 0,
                        out_only=frozenset(out_only), writes=writes, alias_src=alias,
                        scaled=_SCALED.get(base, -1) if ns == "aten" else -1,
-                       inherits=base in _INHERITS and ns == "aten", view=opinfo.is_view(func))
-        self._info[id(func)] = info
-        self._funcs.append(func)  # keeps the id valid
+                       inherits=base in _INHERITS and ns == "aten", view=si.view)
+        self._info[id(si)] = info
+        self._funcs.append(si)  # keeps the id valid
         return info
 
-    def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
+    def on_op(self, call: OpCall, args: tuple, kwargs: dict, run: Callable[..., Any]) -> Any:
+        """Check one op of the stream (see the module doc); ``run`` computes it."""
         if not self._active:
             self._stale = True  # writes in unchecked steps are not seen
-            return func(*args, **kwargs)
-        if getattr(_tool_state, "busy", 0) > 0:
-            return func(*args, **kwargs)
-        info = self._info.get(id(func))  # OpOverload.__hash__ is Python code; overloads live forever
+            return run(*args, **kwargs)
+        info = self._info.get(id(call.info))
         if info is None:
-            info = self._op_info(func)
+            info = self._op_info(call.info)
         if self._stale:
             self._clear_memo()
+        if _STREAM.consumers is not self._seen:  # a consumer came or went: inheritance still safe?
+            self._refresh_inherit(_STREAM)
         kind = info.kind
         extends = False
         if self._chain and kind != _SKIP:
@@ -388,7 +421,7 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
                     if not extends:
                         self._resolve()
         if kind == _SKIP:
-            out = func(*args, **kwargs)
+            out = run(*args, **kwargs)
             if info.alias_src == 0 and isinstance(out, torch.Tensor) and args:  # detach, alias: same values
                 e = self._memo.get(args[0])
                 if e is not None and self._current(args[0], e):
@@ -396,19 +429,13 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
                     if len(e) == 6:  # deferred: resolved with its source
                         self._pend[id(out)] = (out, e[5])
             return out
-        if self._in_optimizer:
-            phase = "optimizer"
-        elif _graph_task_id() != -1:
-            phase = self._phase()
-        else:
-            phase = "forward"
+        self._call = call
+        phase = call.phase
         if phase != "forward":
             self._sunk = True
-        key = (info.prefix, info.base, phase)
-        n = self._counters.get(key, 0)
-        self._counters[key] = n + 1
+        n = call.index
         if kind == _UNCHECKED:
-            out = func(*args, **kwargs)
+            out = run(*args, **kwargs)
             if info.writes:
                 self._note_writes(args, kwargs, info.writes)
             return out
@@ -416,161 +443,28 @@ class NanInfTracker(SiteJudge, ScreenMemo, DeviceFold):
             src = args[info.alias_src]
             if isinstance(src, torch.Tensor) and src.dtype in _FLOAT and src.layout == _STRIDED:
                 if not src.numel():
-                    out = func(*args, **kwargs)
+                    out = run(*args, **kwargs)
                     if info.writes:
                         self._note_writes(args, kwargs, info.writes)
                     return out
-                return self._aliasing(func, args, kwargs, src, info, n)
+                return self._aliasing(run, args, kwargs, src, info, n)
         elif info.scaled >= 0 and self._inherit and self._host_read and args and isinstance(args[0], torch.Tensor) \
                 and _scales_down(info.scaled, args, kwargs):
             src = args[0]
             if src.dtype in _FLOAT and src.layout == _STRIDED and src.is_cpu and src.numel():
-                return self._aliasing(func, args, kwargs, src, info, n)
-        return self._checked(func, args, kwargs, info, n, phase, extends)
+                return self._aliasing(run, args, kwargs, src, info, n)
+        return self._checked(run, args, kwargs, info, n, phase, extends)
 
-    def _aliasing(self, func: Any, args: tuple, kwargs: dict, src: torch.Tensor, info: _OpInfo, n: int) -> Any:
-        """A view, copy or exact scaling: its outputs share the screen of ``src`` (no table entry;
-        it cannot be a culprit). Narrowing casts (float32 -> float16 can overflow) are checked."""
-        state = _tool_state
-        state.busy = getattr(state, "busy", 0) + 1
-        try:
-            hit = self._entry(src)
-        finally:
-            state.busy -= 1
-        out = func(*args, **kwargs)
-        state.busy += 1
-        try:
-            written = self._note_writes(args, kwargs, info.writes) if info.writes else ()
-            for t in (out,) if isinstance(out, torch.Tensor) else _tensors(out):
-                if t.dtype not in _FLOAT or t.layout != _STRIDED:
-                    continue
-                bump, ptr = 0, (hit[1] if info.view else None)
-                for w, b, p in written:
-                    if w is t:
-                        bump, ptr = b, p
-                if t.dtype == src.dtype or _WIDTH[t.dtype] > _WIDTH[src.dtype]:
-                    if hit[3] is _PENDING and not written and t.is_cpu:
-                        self._remember(t, hit[4], _PENDING, 0, ptr, k=hit[5])
-                        if id(src) in self._tail and t.numel() == src.numel():
-                            self._tail.add(id(t))
-                    elif hit[3] is _PENDING:  # a write, or a copy to another device: judge first
-                        self._resolve()
-                        self._remember(t, hit[4], None, bump, ptr)
-                    elif t.is_cpu == src.is_cpu or type(hit[3]) is int:
-                        self._remember(t, hit[4], hit[3], bump, ptr)
-                    else:  # a device screen for a CPU copy (or back): measured where it lives
-                        self._remember(t, hit[4], None, bump, ptr)
-                elif t.numel():  # a narrowing cast: may overflow, so it is measured
-                    if hit[3] is _PENDING:
-                        self._resolve()
-                        hit = self._entry(src)
-                    seq = self._seq
-                    self._seq = seq + 1
-                    self._judge(info, n, seq, [hit], 0, [self._remember(t, self.current_step, None, bump, ptr)],
-                                [t], bool(written))
-        finally:
-            state.busy -= 1
-        return out
-
-    def _checked(self, func: Any, args: tuple, kwargs: dict, info: _OpInfo, n: int, phase: str = "forward",
-                 extends: bool = False) -> Any:
-        """An op that may create a NaN/Inf: screen its inputs (before it runs: in-place ops
-        overwrite them) and outputs, and judge it."""
-        seq = self._seq
-        self._seq = seq + 1
-        ins: list[tuple] = []
-        in_ts: list[torch.Tensor] = []  # the tensors of ``ins``
-        widest = -1  # widest float input (inheritance must not narrow)
-        bad_scalar = 0  # _INF: an Inf scalar argument (asked for); _NAN: a NaN one (creates NaN)
-        opaque = False  # a sparse/quantised float input: not screened, so nothing is inherited
-        state = _tool_state
-        state.busy = getattr(state, "busy", 0) + 1
-        try:
-            first, out_only = info.first, info.out_only
-            cands: list[torch.Tensor] = []  # tensor inputs (not out= destinations), lists flattened
-            for i, a in enumerate(args):
-                if i < first:
-                    continue
-                if isinstance(a, torch.Tensor):
-                    if i not in out_only:
-                        cands.append(a)
-                elif isinstance(a, (list, tuple)):
-                    cands.extend(x for x in a if isinstance(x, torch.Tensor))
-                elif isinstance(a, float) and not math.isfinite(a):
-                    bad_scalar = max(bad_scalar, _NAN if a != a else _INF)
-            if kwargs:
-                for k, a in kwargs.items():
-                    if isinstance(a, torch.Tensor):
-                        if k not in out_only:
-                            cands.append(a)
-                    elif isinstance(a, float) and not math.isfinite(a):
-                        bad_scalar = max(bad_scalar, _NAN if a != a else _INF)
-            for a in cands:
-                if a.dtype in _FLOAT:
-                    if a.layout != _STRIDED:
-                        opaque = True
-                    elif a.numel():
-                        e = self._entry(a)
-                        f = e[3]
-                        if f and type(f) is int and f < 4 and e[4] == _EXTERNAL and a.numel() == 1 \
-                                and not a.requires_grad:
-                            # a constant (``x[i] = nan`` lifts a 0-d tensor): a scalar argument
-                            bad_scalar = max(bad_scalar, f)
-                            continue
-                        ins.append(e)
-                        in_ts.append(a)
-                        if _WIDTH[a.dtype] > widest:
-                            widest = _WIDTH[a.dtype]
-        finally:
-            state.busy -= 1
-        out = func(*args, **kwargs)
-        state.busy += 1
-        try:
-            written = self._note_writes(args, kwargs, info.writes) if info.writes else ()
-            outs = [out] if isinstance(out, torch.Tensor) else _tensors(out)
-            for w, _, _ in written:
-                if not any(w is t for t in outs):
-                    outs.append(w)
-            if self._chain:
-                fl = [t for t in outs if t.dtype in _FLOAT and t.layout == _STRIDED]
-                if extends and len(fl) == 1 and fl[0].is_cpu and fl[0].numel() \
-                        and all(e[3] is _PENDING or type(e[3]) is int for e in ins):
-                    self._defer(fl[0], info, n, seq, phase, ins, bad_scalar)  # the chain grows
-                    return out
-                self._resolve()
-                ins = [self._entry(a) if len(e) == 6 else e for e, a in zip(ins, in_ts)]
-            elif self._inherit and not info.inherits and not info.writes and len(outs) == 1 and outs[0].is_cpu \
-                    and outs[0].dtype in _FLOAT and outs[0].layout == _STRIDED and outs[0].numel() \
-                    and all(type(e[3]) is int for e in ins):
-                self._defer(outs[0], info, n, seq, phase, ins, bad_scalar)  # a chain starts
-                return out
-            # CPU, trusted kernels: an op that cannot create a NaN/Inf, with finite inputs and
-            # in-range scalars, has finite outputs: nothing to measure
-            known = info.inherits and self._inherit and not bad_scalar and not opaque \
-                and all(e[3] is _FINITE for e in ins) and _inherits_into(outs, widest) \
-                and _scalars_in_range(args, kwargs, outs) and not _accumulates(info.base, args, kwargs)
-            producer = self.current_step
-            res = []
-            res_ts = []
-            for t in outs:
-                if t.dtype in _FLOAT and t.layout == _STRIDED and t.numel():
-                    bump, ptr = 0, None
-                    for w, b, p in written:
-                        if w is t:
-                            bump, ptr = b, p
-                    res.append(self._remember(t, producer, _FINITE if known else None, bump, ptr))
-                    res_ts.append(t)
-            if not known:
-                self._judge(info, n, seq, ins, bad_scalar, res, res_ts, bool(written))
-        finally:
-            state.busy -= 1
-        return out
 
 def _other_modes() -> bool:
-    """Is another TorchDispatchMode active (one that may change what ops compute)?"""
+    """May something below the tracker change what ops compute? A consumer of the op stream
+    inside the observers (``layer > LAYER_OBSERVER``: the emulated device), or another
+    TorchDispatchMode on the stack (any mode but the stream's own)."""
+    if any(c.layer > LAYER_OBSERVER for c in op_stream().consumers):
+        return True
     try:
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-        return any(not isinstance(m, _Mode) for m in _get_current_dispatch_mode_stack())
+        return any(not isinstance(m, _StreamMode) for m in _get_current_dispatch_mode_stack())
     except (ImportError, AttributeError, RuntimeError):  # pragma: no cover - be safe: no inheritance
         return True

@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
+from ..capture.op_stream import STREAM_KEY
 from ..capture.session import _tool_state
-from .naninf_rules import (_EXTERNAL, _FINITE, _INF, _META_KEY, _NAN, _PENDING, _PRESERVING, _OpInfo, _host_fact,
+from .naninf_rules import (_EXTERNAL, _FINITE, _INF, _NAN, _PENDING, _PRESERVING, _OpInfo, _host_fact,
                            _screen)
 
 
@@ -29,7 +30,8 @@ class ScreenMemo:
         return any(i < len(args) and isinstance(args[i], torch.Tensor) and id(args[i]) in tail for i in pos)
 
     def _ctx(self, phase: str) -> tuple:
-        """What names the running op later: (phase, module frame, autograd node)."""
+        """What names the running op later: (phase, module frame, autograd node), as the op
+        stream's ``OpCall.where()`` would (it cannot be asked later: it reads what runs now)."""
         frame = self._tracker.current() if self._tracker is not None else None
         node = None
         if phase == "backward":
@@ -40,12 +42,12 @@ class ScreenMemo:
         return (phase, frame, node)
 
     def _row_of(self, info: _OpInfo, n: int, ctx: tuple) -> tuple:
-        """:meth:`_row` from a context captured by :meth:`_ctx` (as :func:`where_now` names it)."""
+        """:meth:`_row` from a context captured by :meth:`_ctx` (the stream's module naming)."""
         phase, frame, node = ctx
         module, cls = (frame.path, frame.cls) if frame is not None else ("", None)
         if phase == "backward":
             try:
-                tag = node.metadata.get(_META_KEY) if node is not None else None
+                tag = node.metadata.get(STREAM_KEY) if node is not None else None
             except (AttributeError, RuntimeError):
                 tag = None
             module, cls = (tag[0], tag[1]) if tag else ("", None)

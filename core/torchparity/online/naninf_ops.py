@@ -1,0 +1,162 @@
+"""The per-op checks of :class:`~torchparity.online.naninf.NanInfTracker`: an op that hands its
+input's values on (a view, a copy, an exact scaling) shares its input's screen; any other op that
+may create a NaN/Inf has its inputs and outputs screened and is judged (on the host at once, in a
+deferred chain, or queued for the device fold).
+
+``run(*args, **kwargs)`` is the op stream's continuation (the rest of the consumer chain and the
+kernel, see :class:`~torchparity.capture.op_stream.OpConsumer`): what it returns is what the
+model gets, so an emulated device's fault is seen here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..capture.tool_state import _tool_state
+from .naninf_rules import (_FINITE, _FLOAT, _INF, _NAN, _PENDING, _EXTERNAL, _STRIDED, _WIDTH, _OpInfo, _accumulates,
+                           _inherits_into, _scalars_in_range, _tensors)
+
+
+class OpChecks:
+    """Mixin of :class:`~torchparity.online.naninf.NanInfTracker`: the checks of one op."""
+
+    def _aliasing(self, run: Any, args: tuple, kwargs: dict, src: torch.Tensor, info: _OpInfo, n: int) -> Any:
+        """A view, copy or exact scaling: its outputs share the screen of ``src`` (no table entry;
+        it cannot be a culprit). Narrowing casts (float32 -> float16 can overflow) are checked."""
+        state = _tool_state
+        state.busy = getattr(state, "busy", 0) + 1
+        try:
+            hit = self._entry(src)
+        finally:
+            state.busy -= 1
+        out = run(*args, **kwargs)
+        state.busy += 1
+        try:
+            written = self._note_writes(args, kwargs, info.writes) if info.writes else ()
+            for t in (out,) if isinstance(out, torch.Tensor) else _tensors(out):
+                if t.dtype not in _FLOAT or t.layout != _STRIDED:
+                    continue
+                bump, ptr = 0, (hit[1] if info.view else None)
+                for w, b, p in written:
+                    if w is t:
+                        bump, ptr = b, p
+                if t.dtype == src.dtype or _WIDTH[t.dtype] > _WIDTH[src.dtype]:
+                    if hit[3] is _PENDING and not written and t.is_cpu:
+                        self._remember(t, hit[4], _PENDING, 0, ptr, k=hit[5])
+                        if id(src) in self._tail and t.numel() == src.numel():
+                            self._tail.add(id(t))
+                    elif hit[3] is _PENDING:  # a write, or a copy to another device: judge first
+                        self._resolve()
+                        self._remember(t, hit[4], None, bump, ptr)
+                    elif t.is_cpu == src.is_cpu or type(hit[3]) is int:
+                        self._remember(t, hit[4], hit[3], bump, ptr)
+                    else:  # a device screen for a CPU copy (or back): measured where it lives
+                        self._remember(t, hit[4], None, bump, ptr)
+                elif t.numel():  # a narrowing cast: may overflow, so it is measured
+                    if hit[3] is _PENDING:
+                        self._resolve()
+                        hit = self._entry(src)
+                    seq = self._seq
+                    self._seq = seq + 1
+                    self._judge(info, n, seq, [hit], 0, [self._remember(t, self.current_step, None, bump, ptr)],
+                                [t], bool(written))
+        finally:
+            state.busy -= 1
+        return out
+
+    def _checked(self, run: Any, args: tuple, kwargs: dict, info: _OpInfo, n: int, phase: str = "forward",
+                 extends: bool = False) -> Any:
+        """An op that may create a NaN/Inf: screen its inputs (before it runs: in-place ops
+        overwrite them) and outputs, and judge it."""
+        seq = self._seq
+        self._seq = seq + 1
+        ins: list[tuple] = []
+        in_ts: list[torch.Tensor] = []  # the tensors of ``ins``
+        widest = -1  # widest float input (inheritance must not narrow)
+        bad_scalar = 0  # _INF: an Inf scalar argument (asked for); _NAN: a NaN one (creates NaN)
+        opaque = False  # a sparse/quantised float input: not screened, so nothing is inherited
+        state = _tool_state
+        state.busy = getattr(state, "busy", 0) + 1
+        try:
+            first, out_only = info.first, info.out_only
+            cands: list[torch.Tensor] = []  # tensor inputs (not out= destinations), lists flattened
+            for i, a in enumerate(args):
+                if i < first:
+                    continue
+                if isinstance(a, torch.Tensor):
+                    if i not in out_only:
+                        cands.append(a)
+                elif isinstance(a, (list, tuple)):
+                    cands.extend(x for x in a if isinstance(x, torch.Tensor))
+                elif isinstance(a, float) and not math.isfinite(a):
+                    bad_scalar = max(bad_scalar, _NAN if a != a else _INF)
+            if kwargs:
+                for k, a in kwargs.items():
+                    if isinstance(a, torch.Tensor):
+                        if k not in out_only:
+                            cands.append(a)
+                    elif isinstance(a, float) and not math.isfinite(a):
+                        bad_scalar = max(bad_scalar, _NAN if a != a else _INF)
+            for a in cands:
+                if a.dtype in _FLOAT:
+                    if a.layout != _STRIDED:
+                        opaque = True
+                    elif a.numel():
+                        e = self._entry(a)
+                        f = e[3]
+                        if f and type(f) is int and f < 4 and e[4] == _EXTERNAL and a.numel() == 1 \
+                                and not a.requires_grad:
+                            # a constant (``x[i] = nan`` lifts a 0-d tensor): a scalar argument
+                            bad_scalar = max(bad_scalar, f)
+                            continue
+                        ins.append(e)
+                        in_ts.append(a)
+                        if _WIDTH[a.dtype] > widest:
+                            widest = _WIDTH[a.dtype]
+        finally:
+            state.busy -= 1
+        out = run(*args, **kwargs)
+        state.busy += 1
+        try:
+            written = self._note_writes(args, kwargs, info.writes) if info.writes else ()
+            outs = [out] if isinstance(out, torch.Tensor) else _tensors(out)
+            for w, _, _ in written:
+                if not any(w is t for t in outs):
+                    outs.append(w)
+            if self._chain:
+                fl = [t for t in outs if t.dtype in _FLOAT and t.layout == _STRIDED]
+                if extends and len(fl) == 1 and fl[0].is_cpu and fl[0].numel() \
+                        and all(e[3] is _PENDING or type(e[3]) is int for e in ins):
+                    self._defer(fl[0], info, n, seq, phase, ins, bad_scalar)  # the chain grows
+                    return out
+                self._resolve()
+                ins = [self._entry(a) if len(e) == 6 else e for e, a in zip(ins, in_ts)]
+            elif self._inherit and not info.inherits and not info.writes and len(outs) == 1 and outs[0].is_cpu \
+                    and outs[0].dtype in _FLOAT and outs[0].layout == _STRIDED and outs[0].numel() \
+                    and all(type(e[3]) is int for e in ins):
+                self._defer(outs[0], info, n, seq, phase, ins, bad_scalar)  # a chain starts
+                return out
+            # CPU, trusted kernels: an op that cannot create a NaN/Inf, with finite inputs and
+            # in-range scalars, has finite outputs: nothing to measure
+            known = info.inherits and self._inherit and not bad_scalar and not opaque \
+                and all(e[3] is _FINITE for e in ins) and _inherits_into(outs, widest) \
+                and _scalars_in_range(args, kwargs, outs) and not _accumulates(info.base, args, kwargs)
+            producer = self.current_step
+            res = []
+            res_ts = []
+            for t in outs:
+                if t.dtype in _FLOAT and t.layout == _STRIDED and t.numel():
+                    bump, ptr = 0, None
+                    for w, b, p in written:
+                        if w is t:
+                            bump, ptr = b, p
+                    res.append(self._remember(t, producer, _FINITE if known else None, bump, ptr))
+                    res_ts.append(t)
+            if not known:
+                self._judge(info, n, seq, ins, bad_scalar, res, res_ts, bool(written))
+        finally:
+            state.busy -= 1
+        return out
