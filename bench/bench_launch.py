@@ -9,9 +9,12 @@ tool pays), and under ``torchparity.dump`` at each level (module, api, mix, aten
 mode, plus api + tensor; then the same on a medium Llama (hidden 256, intermediate 1024, 4
 layers, 4 heads, batch 8x128) where op cost hides more of the tool.
 
-Protocol (bench/_common.py): configurations interleaved in rounds in one process, median per-step
+Protocol (as bench/_common.py): configurations interleaved in rounds in one process, median per-step
 time, ratio to the tool-off median. Per captured op: ``(tool - off) / records per step`` in
-microseconds, records per step counted from the dump written in the last round.
+microseconds, records per step counted from the dumps written. Besides wall time, the process's CPU
+time per step (all threads: the writer thread's work counts) is reported: on a shared machine it
+moves far less with other people's load than wall time does, so it is the figure to compare runs
+by there (``torch.set_num_threads(1)``, so CPU time is host work plus the kernels themselves).
 
 Targets (issue 15, item 3): launch-bound aten + statistics <= 5x, api <= 4x; medium aten 1.2x,
 api 1.2x, api + tensor 1.5x.
@@ -20,11 +23,13 @@ api 1.2x, api + tensor 1.5x.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import shutil
 import statistics
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import Timing, machine, time_configs  # noqa: E402
+from _common import machine  # noqa: E402
 
 import torchparity  # noqa: E402
 
@@ -86,8 +91,6 @@ class LlamaBench:
 
 class _Dump:
     """A dump into a fresh directory; counts its records per step before removing it (untimed)."""
-
-    records: list[float] = []
 
     def __init__(self, root: str, bench: LlamaBench, level: str, mode: str, counts: list[float]) -> None:
         self.dir = tempfile.mkdtemp(dir=root)
@@ -145,23 +148,52 @@ def run_model(which: str, root: str, rounds: int, warmup: int, steps: int, devic
         configs[name] = (lambda lv=level, md=mode, c=counts[name]: _Dump(root, bench, lv, md, c))
     n_ops = count_aten_ops(bench)
     print(f"{which}: {bench.describe}; {n_ops} aten ops per step", flush=True)
-    res: dict[str, Timing] = time_configs(bench, configs, rounds=rounds, warmup=warmup, steps=steps)
-    off = res["off"].median
+    wall, cpu = time_both(bench, configs, rounds=rounds, warmup=warmup, steps=steps)
+    off, off_cpu = statistics.median(wall["off"]), statistics.median(cpu["off"])
     rows = []
-    for name, t in res.items():
-        if t.error:
-            rows.append((which, name, f"failed: {t.error}", "", "", "", ""))
-            continue
-        ratio = t.median / off
+    for name in configs:
+        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
         recs = statistics.median(counts[name]) if counts.get(name) else None
-        per_op = (t.median - off) / recs * 1e6 if recs else None
+        n = recs or n_ops
         target = TARGETS.get((which, name))
-        rows.append((which, name, f"{t.median * 1000:.2f}", f"{ratio:.2f}x",
-                     f"{recs:.0f}" if recs else ("-" if name == "off" else f"{n_ops} ops"),
-                     f"{per_op:.1f}" if per_op is not None else
-                     (f"{(t.median - off) / n_ops * 1e6:.1f} per op" if name != "off" else "-"),
+        rows.append((which, name, f"{w * 1000:.2f}", f"{w / off:.2f}x", f"{c * 1000:.2f}", f"{c / off_cpu:.2f}x",
+                     "-" if name == "off" else (f"{recs:.0f}" if recs else f"{n_ops} ops"),
+                     "-" if name == "off" else f"{(w - off) / n * 1e6:.1f}",
+                     "-" if name == "off" else f"{(c - off_cpu) / n * 1e6:.1f}",
                      f"<= {target}x" if target else ""))
     return rows
+
+
+def time_both(bench: LlamaBench, configs: dict[str, Any], *, rounds: int, warmup: int,
+              steps: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per-step wall and process CPU seconds of each configuration, one value per round, rounds
+    interleaving the configurations; stopping the tool (flushing its writer) is inside the timing."""
+    wall: dict[str, list[float]] = {n: [] for n in configs}
+    cpu: dict[str, list[float]] = {n: [] for n in configs}
+    for _ in range(2):
+        bench.step()
+    for r in range(rounds):
+        for name, make in configs.items():
+            ctx = make() if make is not None else contextlib.nullcontext()
+            ctx.__enter__()
+            try:
+                for _ in range(warmup):
+                    bench.step()
+                bench.sync()
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(steps):
+                    bench.step()
+            finally:
+                ctx.__exit__(None, None, None)
+            bench.sync()
+            t1, c1 = time.perf_counter(), time.process_time()
+            wall[name].append((t1 - t0) / steps)
+            cpu[name].append((c1 - c0) / steps)
+            if hasattr(ctx, "cleanup"):
+                ctx.cleanup()
+            print(f"  round {r + 1}/{rounds} {name:<26} {wall[name][-1] * 1000:8.2f} ms/step wall "
+                  f"{cpu[name][-1] * 1000:8.2f} ms/step CPU", flush=True)
+    return wall, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Date: {datetime.datetime.now().isoformat(timespec='minutes')}")
     print(f"Command: python bench/bench_launch.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
     print()
-    print("| model | configuration | ms/step | ratio | records/step | host us per record | target |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | configuration | wall ms/step | wall ratio | CPU ms/step | CPU ratio | records/step "
+          "| wall us/record | CPU us/record | target |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
     return 0
