@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 
 from .batch import Batch, RecordSink
 from .options import DumpOptions, compile_patterns, matches
-from ..records import OpRecord, TensorEntry, op_record, scalar_entry, tensor_entry
+from ..records import OpRecord, TensorEntry, op_record, scalar_entry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .stacks import StackTable
 from .stats import host_stats, stats_to_dict, stats_tensor, tensor_checksum
@@ -31,6 +31,7 @@ from .uninit import UninitStorages
 
 _SCALAR_TYPES = (int, float, bool, str, type(None))
 _NO_MODULE: tuple[str, None, None, None] = ("", None, None, None)
+_new = object.__new__
 #: argument positions as names, made once ("0", "1", ...)
 _POS = tuple(str(i) for i in range(256))
 
@@ -342,8 +343,12 @@ class CaptureSession:
                     stride = v.stride()
                 except RuntimeError:
                     stride = None
-                dtype = _DTYPE_NAMES.get(v.dtype) or _dtype_name(v.dtype)
-                e = tensor_entry(io, arg, dtype, v.shape, stride, _device_name(v.device), v.requires_grad)
+                dtype, device = v.dtype, v.device
+                # tensor_entry(), inlined: this line runs for every value the capture sees
+                e = _new(TensorEntry)
+                e.io, e.arg, e.dtype, e.shape, e.stride, e.device, e.requires_grad = \
+                    io, arg, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype), v.shape, stride, \
+                    _DEVICE_NAMES.get(device) or _device_name(device), v.requires_grad
                 if producers is not None:
                     prod = producers.get(v)
                     if prod is not None and prod[2] == v._version:
