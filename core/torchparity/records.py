@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 FORMAT_NAME = "torchparity-dump"
 FORMAT_VERSION = 1
@@ -71,8 +71,10 @@ class TensorEntry:
     arg: str
     kind: str = "tensor"  # tensor | scalar | none
     dtype: str | None = None  # "float32", "bfloat16", ... (no "torch." prefix)
-    shape: list[int] | None = None
-    stride: list[int] | None = None
+    # lists when read back; the capture hands over the tensor's own ``torch.Size`` and stride
+    # tuple (no per-value copy on the training thread), written as the same JSON arrays
+    shape: Sequence[int] | None = None
+    stride: Sequence[int] | None = None
     device: str | None = None
     requires_grad: bool | None = None
     stats: dict[str, float | None] | None = None  # STAT_KEYS
@@ -83,12 +85,15 @@ class TensorEntry:
     value: Any = None  # scalars: the value (JSON-able); tensors: None
 
     def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"io": self.io, "arg": self.arg, "kind": self.kind}
         if self.kind == "tensor":
-            d.update(dtype=self.dtype, shape=self.shape, stride=self.stride, device=self.device,
-                     requires_grad=self.requires_grad)
+            shape, stride = self.shape, self.stride
+            d: dict[str, Any] = {"io": self.io, "arg": self.arg, "kind": "tensor", "dtype": self.dtype,
+                                 "shape": None if shape is None else list(shape),
+                                 "stride": None if stride is None else list(stride), "device": self.device,
+                                 "requires_grad": self.requires_grad}
             if self.stats is not None:
-                d["stats"] = {k: encode_float(v) for k, v in self.stats.items()}
+                d["stats"] = {k: v if v.__class__ is float and v - v == 0 else encode_float(v)
+                              for k, v in self.stats.items()}
             if self.md5 is not None:
                 d["md5"] = self.md5
             if self.file is not None:
@@ -96,7 +101,7 @@ class TensorEntry:
             if self.producer is not None:
                 d["producer"] = self.producer
         else:
-            d["value"] = self.value
+            d = {"io": self.io, "arg": self.arg, "kind": self.kind, "value": self.value}
         return d
 
     @classmethod
@@ -110,6 +115,27 @@ class TensorEntry:
             md5=d.get("md5"), file=d.get("file"), key=d.get("key"), producer=d.get("producer"),
             value=d.get("value"),
         )
+
+
+_new = object.__new__
+
+
+def tensor_entry(io: str, arg: str, dtype: str, shape: Sequence[int], stride: Sequence[int] | None,
+                 device: str, requires_grad: bool) -> TensorEntry:
+    """A tensor's :class:`TensorEntry`, made the fast way (the capture's hot path: a few hundred
+    ns instead of the dataclass ``__init__``'s keyword handling). The fields not given keep the
+    class defaults (None, ``kind="tensor"``) until assigned: equal to ``TensorEntry(...)``."""
+    e = _new(TensorEntry)
+    e.io, e.arg, e.dtype, e.shape, e.stride, e.device, e.requires_grad = \
+        io, arg, dtype, shape, stride, device, requires_grad
+    return e
+
+
+def scalar_entry(io: str, arg: str, kind: str, value: Any) -> TensorEntry:
+    """A scalar or None argument's :class:`TensorEntry` (``kind`` "scalar" or "none"), made fast."""
+    e = _new(TensorEntry)
+    e.io, e.arg, e.kind, e.value = io, arg, kind, value
+    return e
 
 
 @dataclass
@@ -151,6 +177,17 @@ class OpRecord:
             stack=d.get("stack"), tensors=[TensorEntry.from_json(t) for t in d.get("tensors", [])],
             flags=d.get("flags") or {},
         )
+
+
+def op_record(id: int, name: str, op: str, level: str, phase: str, module: str, call_index: int, step: int,
+              rank: int, module_class: str | None, fwd: int | None, stack: int | None,
+              flags: dict[str, Any]) -> OpRecord:
+    """An :class:`OpRecord` with no tensors yet, made the fast way (see :func:`tensor_entry`)."""
+    r = _new(OpRecord)
+    r.id, r.name, r.op, r.level, r.phase, r.module, r.call_index, r.step, r.rank = \
+        id, name, op, level, phase, module, call_index, step, rank
+    r.module_class, r.fwd, r.stack, r.tensors, r.flags = module_class, fwd, stack, [], flags
+    return r
 
 
 def record_name(prefix: str, base: str, counter: int, phase: str) -> str:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 _META_KEY = "torchparity"
 
@@ -48,11 +49,13 @@ class Frame:
     seq0: int | None = None  # autograd sequence number of the first node this call may create
 
 
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)  # torch >= 2.0
+_current_node = getattr(torch._C, "_current_autograd_node", None)
+
+
 def _in_backward() -> bool:
-    try:
-        return torch._C._current_graph_task_id() != -1
-    except AttributeError:  # pragma: no cover - very old torch
-        return False
+    """True while autograd runs a backward pass on this thread (every captured op asks)."""
+    return _graph_task_id is not None and _graph_task_id() != -1
 
 
 class ModuleTracker:
@@ -113,7 +116,7 @@ class ModuleTracker:
         return s
 
     def current(self) -> Frame | None:
-        s = self.stack
+        s = getattr(self._local, "stack", None)  # every captured op asks: no property, no list made
         return s[-1] if s else None
 
     def current_path(self) -> str:
@@ -235,10 +238,9 @@ def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY
     exactly the nodes the call created: it goes on through nodes already tagged (by submodules)
     and stops at nodes older than ``since``, so an op run between two submodules is tagged too.
     """
-    from torch.utils._pytree import tree_flatten
-
     todo = []
-    for leaf in tree_flatten(outputs)[0]:
+    # a single tensor is the common case (tree_flatten costs ~10 us even for it)
+    for leaf in (outputs,) if isinstance(outputs, torch.Tensor) else tree_flatten(outputs)[0]:
         if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None:
             todo.append(leaf.grad_fn)
     seen: set[int] = set()
@@ -265,15 +267,14 @@ def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY
             continue
         if key not in meta:
             meta[key] = info
-        todo.extend(fn for fn, _ in node.next_functions if fn is not None)
+        for fn, _ in node.next_functions:
+            if fn is not None:
+                todo.append(fn)
 
 
 def current_backward_info() -> dict[str, Any] | None:
     """The tag of the autograd node being executed (during backward), if any."""
-    try:
-        node = torch._C._current_autograd_node()
-    except AttributeError:  # pragma: no cover - torch < 2.0
-        return None
+    node = _current_node() if _current_node is not None else None
     if node is None:
         return None
     try:

@@ -17,11 +17,12 @@ from weakref import ref as _weakref
 from typing import Any, Collection, Iterable
 
 import torch
+from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
 from .batch import Batch, RecordSink
 from .options import DumpOptions, compile_patterns, matches
-from ..records import OpRecord, TensorEntry
+from ..records import OpRecord, TensorEntry, op_record, scalar_entry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .stacks import StackTable
 from .stat_batch import HostRows, RowRef, StatBatcher
@@ -30,6 +31,10 @@ from .tool_state import _tool_state, tool_is_busy, tool_work  # noqa: F401 (re-e
 from .uninit import UninitStorages
 
 _SCALAR_TYPES = (int, float, bool, str, type(None))
+_NO_MODULE: tuple[str, None, None, None] = ("", None, None, None)
+_new = object.__new__
+#: argument positions as names, made once ("0", "1", ...)
+_POS = tuple(str(i) for i in range(256))
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _DEVICE_NAMES: dict[torch.device, str] = {}
@@ -149,7 +154,7 @@ class CaptureSession:
         self.last_filtered_name = ""  # name of the last record new_record() filtered out (range/skip)
         self._lock = threading.RLock()
         self._next_id = 0
-        self._name_counters: dict[str, int] = {}
+        self._name_counters: dict[tuple[str, str, str], int] = {}  # (prefix, base, phase) -> count
         self._call_counters: dict[tuple[str, str, str], int] = {}
         self._producers = TensorMemo()  # tensor -> (rid, out_idx, version)
         # Statistics reuse (only while every write is seen, i.e. at aten level; see reuse_stats):
@@ -253,7 +258,7 @@ class CaptureSession:
             return "recompute" if frame is not None and frame.recompute else "backward"
         return "forward"
 
-    def _counter(self, key: str) -> int:
+    def _counter(self, key: Any) -> int:
         n = self._name_counters.get(key, 0)
         self._name_counters[key] = n + 1
         return n
@@ -340,34 +345,56 @@ class CaptureSession:
         ``fill_``/``normal_``/``copy_``, ``out=``, the result of ``empty``, a kernel's workspace),
         and so does a tensor whose storage :attr:`uninit` holds: their metadata is recorded, their
         values are not (they would differ run to run). With ``unmeasured``, each such tensor adds
-        ``"<io>.<arg>": reason`` to it (``no_values`` may map arg -> reason)."""
+        ``"<io>.<arg>": reason`` to it (``no_values`` may map arg -> reason).
+
+        The hot path of every capture level (one call per side of every record): entries are made
+        without the dataclass ``__init__`` and keep the tensor's own shape and stride tuples (the
+        writer thread turns them into JSON lists)."""
         o = self.options
         entries: list[TensorEntry] = []
         want_io = o.io is None or (io in o.io) or (io in ("param", "grad") and "input" in o.io)
+        why_of = no_values.get if isinstance(no_values, dict) else None
+        uninit = self.uninit if self.uninit else None  # describing marks nothing: asked once
+        producers = self._producers if link else None
+        append = entries.append
         for arg, v in values:
-            if isinstance(v, torch.Tensor):
-                e = TensorEntry(io=io, arg=arg, dtype=_dtype_name(v.dtype), shape=list(v.shape),
-                                device=_device_name(v.device), requires_grad=v.requires_grad)
+            if isinstance(v, Tensor):
                 try:
-                    e.stride = list(v.stride())
+                    stride = v.stride()
                 except RuntimeError:
-                    e.stride = None
-                if link:
-                    prod = self._producers.get(v)
+                    stride = None
+                dtype, device = v.dtype, v.device
+                # tensor_entry(), inlined: this line runs for every value the capture sees
+                e = _new(TensorEntry)
+                e.io, e.arg, e.dtype, e.shape, e.stride, e.device, e.requires_grad = \
+                    io, arg, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype), v.shape, stride, \
+                    _DEVICE_NAMES.get(device) or _device_name(device), v.requires_grad
+                if producers is not None:
+                    prod = producers.get(v)
                     if prod is not None and prod[2] == v._version:
                         e.producer = [prod[0], prod[1]]
-                why = no_values.get(arg, "not a value") if isinstance(no_values, dict) and arg in no_values \
-                    else ("not a value" if arg in no_values else ("uninitialised memory" if self.uninit.holds(v) else None))
+                if no_values and arg in no_values:
+                    why: str | None = why_of(arg, "not a value") if why_of is not None else "not a value"
+                elif uninit is not None and uninit.holds(v):
+                    why = "uninitialised memory"
+                else:
+                    why = None
                 if why is not None:
                     if unmeasured is not None:
                         unmeasured[f"{io}.{arg}"] = why
                 elif want_io:
                     self._measure(v, e)
-                entries.append(e)
+                append(e)
+            elif v is None:
+                append(scalar_entry(io, arg, "none", None))
             else:
-                val = _scalar_value(v)
-                if val is not None or v is None:
-                    entries.append(TensorEntry(io=io, arg=arg, kind="none" if v is None else "scalar", value=val))
+                t = v.__class__
+                if t is int or t is bool or t is str:
+                    append(scalar_entry(io, arg, "scalar", v))
+                else:
+                    val = _scalar_value(v)
+                    if val is not None:
+                        append(scalar_entry(io, arg, "scalar", val))
         return entries
 
     # ---- statistics reuse ------------------------------------------------------------------
@@ -515,21 +542,30 @@ class CaptureSession:
                    flags: dict[str, Any] | None = None) -> OpRecord | None:
         """Allocate a named record (counters advance even when the record is filtered out by
         range/skip, so names stay stable)."""
-        counter = self._counter(f"{prefix}.{base}.{phase}")
+        counters = self._name_counters
+        key = (prefix, base, phase)
+        counter = counters.get(key, 0)
+        counters[key] = counter + 1
         if name is None:
             name = f"{prefix}.{base}.{counter}.{phase}"
-        seq = self.seq_name(op, level, phase)
-        if not self._range_and_skip(name, seq, base, op):
+        o = self.options
+        seq = None
+        if level == "api" or level == "module":
+            seq = self.seq_name(op, level, phase)
+        if (o.op_range is not None or self._defer_ops or o.skip > 1) and not self._range_and_skip(name, seq, base, op):
             self.last_filtered_name = name
             return None
         rid = self._next_id
-        self._next_id += 1
+        self._next_id = rid + 1
         stack = self._stacks.current() if self._stacks is not None and phase != "backward" else None
-        if seq is not None and self.options.seq_names:
+        if seq is not None and o.seq_names:
             flags = {**(flags or {}), "seq_name": seq}
-        return OpRecord(id=rid, name=name, op=op, level=level, phase=phase, module=module,
-                        call_index=self._call_index(module, op, phase), step=self.step, rank=self._rank,
-                        module_class=module_class, fwd=fwd, stack=stack, flags=flags or {})
+        ck = (module, op, phase)
+        calls = self._call_counters
+        call_index = calls.get(ck, 0)
+        calls[ck] = call_index + 1
+        return op_record(rid, name, op, level, phase, module, call_index, self.step, self._rank, module_class,
+                         fwd, stack, flags or {})
 
     def commit(self, rec: OpRecord) -> None:
         self._pending.append(rec)
@@ -562,18 +598,15 @@ class CaptureSession:
 
     def module_info(self) -> tuple[str, str | None, int | None, dict[str, Any] | None]:
         """(module path, module class, forward record id, backward tag) for the current op."""
-        if in_backward():
-            info = current_backward_info()
-            frame = self.tracker.current()
-            if frame is not None and frame.recompute:
-                return frame.path, frame.cls, None, info
-            if info is not None:
-                return info.get("module", ""), info.get("module_class"), info.get("fwd"), info
-            return "", None, None, None
         frame = self.tracker.current()
-        if frame is None:
-            return "", None, None, None
-        return frame.path, frame.cls, None, None
+        if not in_backward():
+            return _NO_MODULE if frame is None else (frame.path, frame.cls, None, None)
+        info = current_backward_info()
+        if frame is not None and frame.recompute:
+            return frame.path, frame.cls, None, info
+        if info is not None:
+            return info.get("module", ""), info.get("module_class"), info.get("fwd"), info
+        return _NO_MODULE
 
     def _on_new_stack(self, sid: int, frames: list[str]) -> None:
         self.writer.add_stack(self.step, self._rank, sid, frames)
@@ -582,24 +615,25 @@ class CaptureSession:
 def flat_args(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     """(arg path, value) pairs for positional and keyword arguments, nested ones flattened."""
     out: list[tuple[str, Any]] = []
+    append = out.append
     for i, a in enumerate(args):
-        if isinstance(a, (list, tuple)) and a and any(isinstance(x, torch.Tensor) for x in a):
+        if isinstance(a, (list, tuple)) and a and any(isinstance(x, Tensor) for x in a):
             out.extend((f"{i}.{j}", x) for j, x in enumerate(a))
         else:
-            out.append((str(i), a))
+            append((_POS[i] if i < 256 else str(i), a))
     for k, v in kwargs.items():
-        if isinstance(v, (list, tuple)) and v and any(isinstance(x, torch.Tensor) for x in v):
+        if isinstance(v, (list, tuple)) and v and any(isinstance(x, Tensor) for x in v):
             out.extend((f"{k}.{j}", x) for j, x in enumerate(v))
         else:
-            out.append((k, v))
+            append((k, v))
     return out
 
 
 def flat_outputs(out: Any) -> list[tuple[str, Any]]:
     """(output index, value) pairs; nested outputs flattened in pytree order."""
-    if isinstance(out, torch.Tensor):  # the common case; tree_flatten takes ~10 us for it
+    if isinstance(out, Tensor):  # the common case; tree_flatten takes ~10 us for it
         return [("0", out)]
     if isinstance(out, (tuple, list)) and not any(isinstance(v, (tuple, list, dict)) for v in out):
-        return [(str(i), v) for i, v in enumerate(out)]
+        return [(_POS[i] if i < 256 else str(i), v) for i, v in enumerate(out)]
     leaves, _ = tree_flatten(out)
-    return [(str(i), v) for i, v in enumerate(leaves)]
+    return [(_POS[i] if i < 256 else str(i), v) for i, v in enumerate(leaves)]

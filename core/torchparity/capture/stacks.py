@@ -22,6 +22,15 @@ _SKIP_PARTS = (
 )
 
 
+#: file name -> whether its frames are left out (asked for every frame of every recorded call)
+_SKIPPED: dict[str, bool] = {}
+
+
+def _skipped(fn: str) -> bool:
+    skip = _SKIPPED[fn] = any(p in fn for p in _SKIP_PARTS)
+    return skip
+
+
 class StackTable:
     """Interns call stacks: the same stack gets the same id; new stacks go to ``on_new``."""
 
@@ -32,11 +41,13 @@ class StackTable:
 
     def current(self) -> int | None:
         frame = sys._getframe(2)
-        key = []
-        while frame is not None and len(key) < self._depth:
+        key: list[tuple[str, int, str]] = []
+        depth, skipped = self._depth, _SKIPPED
+        while frame is not None and len(key) < depth:
             code = frame.f_code
             fn = code.co_filename
-            if not any(p in fn for p in _SKIP_PARTS):
+            skip = skipped.get(fn)
+            if not (skip if skip is not None else _skipped(fn)):
                 key.append((fn, frame.f_lineno, code.co_name))
             frame = frame.f_back
         if not key:
