@@ -249,3 +249,50 @@ def test_public_api_exports_the_stream() -> None:
 
     assert torchparity.OpConsumer is mod.OpConsumer and torchparity.op_stream is mod.op_stream
     assert torchparity.LAYER_DEVICE == mod.LAYER_DEVICE
+
+
+class StepEnds(OpConsumer):
+    """Remembers the step ends it is told about; raises on the first one with ``boom``."""
+
+    def __init__(self, boom: bool = False) -> None:
+        self.ends: list[int] = []
+        self.boom = boom
+
+    def on_step_end(self, step: int) -> None:
+        self.ends.append(step)
+        if self.boom and len(self.ends) == 1:
+            raise RuntimeError("boom in on_step_end")
+
+
+def _sgd_step(opt: torch.optim.Optimizer, p: torch.nn.Parameter) -> None:
+    (p * 2).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_a_new_optimizer_ends_steps_once_the_first_is_gone_or_left() -> None:
+    s, c = op_stream(), StepEnds()
+    p = torch.nn.Parameter(torch.ones(3))
+    with s.attached(c):
+        first = torch.optim.SGD([p], lr=0.1)
+        _sgd_step(first, p)
+        del first  # garbage: the next optimizer to step takes its place at once
+        second = torch.optim.SGD([p], lr=0.1)
+        _sgd_step(second, p)
+        third = torch.optim.SGD([p], lr=0.1)  # `second` stays alive but the loop moved on
+        _sgd_step(third, p)
+        _sgd_step(third, p)
+        _sgd_step(third, p)
+    # first: end 0; second: end 1; third: not yet (second alive), then it stepped twice -> ends
+    assert c.ends == [0, 1, 2, 3], c.ends
+
+
+def test_every_consumer_hears_the_step_end_even_when_one_raises() -> None:
+    s, a, b = op_stream(), StepEnds(boom=True), StepEnds()
+    with s.attached(a), s.attached(b):
+        step0 = s.step
+        with pytest.raises(RuntimeError, match="boom in on_step_end"):
+            s.next_step()
+        assert s.step == step0 + 1
+        s.next_step()
+    assert a.ends == b.ends == [step0, step0 + 1]

@@ -35,6 +35,7 @@ handed to the stream, never looked up by it.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -207,7 +208,8 @@ class OpStream:
         self._lock = threading.RLock()
         self.step = 0
         self.in_optimizer = False
-        self._first_optimizer: int | None = None
+        self._first_optimizer: Any = None  # weakref to the optimizer whose step() ends a step
+        self._stepped: set[int] = set()  # ids of optimizers that stepped since the last step end
         self._hooks: list[Any] = []
         self.tracker: ModuleTracker | None = None
         self._roots: list[torch.nn.Module] = []
@@ -280,6 +282,7 @@ class OpStream:
         self._write_gen.clear()
         self.in_optimizer = False
         self._first_optimizer = None
+        self._stepped.clear()
         self._hooks = [optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre),
                        optim_mod.register_optimizer_step_post_hook(self._on_opt_post)]
         if self._mode is None:
@@ -312,23 +315,41 @@ class OpStream:
 
     # ---- steps -------------------------------------------------------------------------------
     def next_step(self) -> None:
-        """End the current step: consumers' :meth:`~OpConsumer.on_step_end`, then counters reset."""
+        """End the current step: every consumer's :meth:`~OpConsumer.on_step_end` (all of them,
+        even when one raises: the first error is raised once the step has ended), then the
+        counters reset."""
+        error: BaseException | None = None
         for c in self._chain:
-            c.on_step_end(self.step)
+            try:
+                c.on_step_end(self.step)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the step ended
+                if error is None:
+                    error = exc
         self.step += 1
         self._counters.clear()
+        self._stepped.clear()
         if self.tracker is not None:
             self.tracker.new_step()
+        if error is not None:
+            raise error
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.in_optimizer = True
 
     def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Several optimizers: the step ends after the first one's ``step()`` (one step per
+        iteration). The first is the first to step after the stream started; it is replaced when
+        it is gone (garbage-collected) or when another optimizer steps twice without it (the
+        training loop moved on to a new optimizer)."""
         self.in_optimizer = False
-        if self._first_optimizer is None:
-            self._first_optimizer = id(optimizer)
-        if id(optimizer) == self._first_optimizer:  # several optimizers: one step per iteration
+        first = self._first_optimizer() if self._first_optimizer is not None else None
+        if first is None or (first is not optimizer and id(optimizer) in self._stepped):
+            self._first_optimizer = weakref.ref(optimizer)
+            first = optimizer
+        if first is optimizer:
             self.next_step()
+        else:
+            self._stepped.add(id(optimizer))
 
     # ---- per op ------------------------------------------------------------------------------
     def info(self, func: Any) -> OpInfo:
@@ -408,6 +429,11 @@ def _written(args: tuple, kwargs: dict, writes: tuple[tuple[int, str, bool], ...
         elif v is not None:
             out.append(v)
     return out
+
+
+def is_stream_mode(mode: Any) -> bool:
+    """Is ``mode`` (an entry of the dispatch-mode stack) the op stream's own mode?"""
+    return isinstance(mode, _StreamMode)
 
 
 def _top_mode() -> Any:

@@ -76,7 +76,7 @@ import torch
 
 from ..capture import ops as opinfo
 from ..capture.module_tracker import Frame, ModuleTracker
-from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, OpInfo, _StreamMode, op_stream
+from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, OpInfo, is_stream_mode, op_stream
 from ..capture.session import TensorMemo
 from ..errors import UsageError
 
@@ -465,6 +465,6 @@ def _other_modes() -> bool:
     try:
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-        return any(not isinstance(m, _StreamMode) for m in _get_current_dispatch_mode_stack())
+        return any(not is_stream_mode(m) for m in _get_current_dispatch_mode_stack())
     except (ImportError, AttributeError, RuntimeError):  # pragma: no cover - be safe: no inheritance
         return True
