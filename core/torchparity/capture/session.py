@@ -432,7 +432,7 @@ class CaptureSession:
     def _checksum(self, v: torch.Tensor) -> str | HostCopy:
         """md5 mode: the checksum now (a CPU value, hashed in place), or a copy on its way to the
         host that the writer thread hashes (no host sync here)."""
-        if self._async_copies(v):
+        if self._async_copies(v) and v.numel():
             c = self._copier.copy(v)
             if c is not None:
                 self._pending_bytes += c.nbytes  # pending host bytes: commit() flushes past its limit
@@ -442,6 +442,8 @@ class CaptureSession:
     def _host_copy(self, v: torch.Tensor) -> torch.Tensor | HostCopy:
         """tensor mode: the value's host copy, taken now (a CPU value) or on its way."""
         if self._async_copies(v):
+            if not v.numel():  # nothing to copy (and no transfer to wait for)
+                return torch.empty(v.shape, dtype=v.dtype)
             c = self._copier.copy(v)
             if c is not None:
                 return c

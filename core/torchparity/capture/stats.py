@@ -163,10 +163,12 @@ def tensor_checksum(t: torch.Tensor) -> str:
     device; a CPU tensor is hashed in place (a copy only if it is not contiguous), others are
     copied to the host first (blocking: a dump hashes values off the CPU from asynchronous host
     copies instead, see :mod:`.host_copies`)."""
+    if t.numel() == 0:  # nothing to bring to the host
+        return checksum_bytes(b"")
     flat = t.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
-    return checksum_bytes(flat.contiguous().view(torch.uint8).numpy() if flat.numel() else b"")
+    return checksum_bytes(flat.contiguous().view(torch.uint8).numpy())
 
 
 tensor_md5 = tensor_checksum  # the name used before the algorithm changed
