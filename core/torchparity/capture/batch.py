@@ -26,7 +26,7 @@ class Batch:
     # (its tolist() waits for the flush's one device-to-host copy) or a [n, 6] tensor
     stats: Any
     # key -> CPU tensor, or a capture.host_copies.HostCopy still on its way (the writer waits for it)
-    tensors: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, torch.Tensor | Any] = field(default_factory=dict)
     tensor_owner: dict[str, TensorEntry] = field(default_factory=dict)
     nbytes: int = 0
     # entries whose value equals a tensor saved for another entry (this batch or earlier in the

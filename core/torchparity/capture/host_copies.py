@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -164,11 +163,6 @@ class Streams:
             ev = self.m.Event()
             ev.record(side)
         return ev
-
-    @contextmanager
-    def on(self, stream: Any) -> Iterator[None]:  # pragma: no cover - trivial
-        with self.m.stream(stream):
-            yield
 
 
 def _streams_for(device_type: str) -> Streams | None:
