@@ -10,6 +10,12 @@ Host syncs per step are the tool's ``aten._local_scalar_dense`` (``.item()``) ca
 copies to the host (``_to_copy``/``copy_`` to the CPU of a tensor that is on the device, and on
 the CPU-forced path the flush's explicit host copy): target 1 per flush, 0 per op.
 
+Modes md5 and tensor add each value's copy to the host (capture/host_copies.py): on the forced
+path one copy kernel per value into a pool buffer (on an accelerator: a device snapshot, then a
+``non_blocking`` copy on a side stream), waited for and hashed/saved by the writer thread. The
+table shows the values copied that way, those copied blocking instead (pool full, unsupported
+value), and the training thread's blocking host copies per step (target 0 per value).
+
 Models: the bench model (bench/_common.py, TinyLlama dim 256, batch 8x128) and a small HF Llama
 (``transformers.LlamaConfig``, random init). ``--timing`` also times aten+statistics with
 device_stats off and on against tool-off on the bench model (what the batched path costs on a CPU).
@@ -38,6 +44,7 @@ from torchparity.capture.tool_state import tool_is_busy  # noqa: E402
 _SCALAR = torch.ops.aten._local_scalar_dense.default
 _TO = (torch.ops.aten._to_copy, torch.ops.aten.to)
 _COPY = torch.ops.aten.copy_.default
+_EMPTY = (torch.ops.aten.empty, torch.ops.aten.empty_strided)  # allocations: counted, but no launch
 
 
 class Counter(TorchDispatchMode):
@@ -45,7 +52,7 @@ class Counter(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.kernels = self.busy_kernels = self.scalars = self.to_host = 0
+        self.kernels = self.busy_kernels = self.scalars = self.to_host = self.allocs = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -53,6 +60,8 @@ class Counter(TorchDispatchMode):
             self.kernels += 1
             if tool_is_busy():
                 self.busy_kernels += 1
+                if func.overloadpacket in _EMPTY:
+                    self.allocs += 1
         if func is _SCALAR:
             self.scalars += 1
         elif func.overloadpacket in _TO and _to_cpu(args, kwargs) \
@@ -95,13 +104,14 @@ class _Llama:
         return out.loss
 
 
-def _count(step: Callable[[], Any], model: torch.nn.Module, level: str | None, steps: int) -> dict[str, Any]:
+def _count(step: Callable[[], Any], model: torch.nn.Module, level: str | None, steps: int,
+           mode: str = "statistics") -> dict[str, Any]:
     """Counts over ``steps`` steps (after one step outside the counter), tool off when level is None."""
     root = tempfile.mkdtemp(prefix="tp-counts-")
     try:
         dumper = None
         if level is not None:
-            dumper = torchparity.dump(root, level=level, mode="statistics", device_stats=True, model=model)
+            dumper = torchparity.dump(root, level=level, mode=mode, device_stats=True, model=model)
         with Counter() as c:
             if dumper is not None:
                 dumper.start()
@@ -110,10 +120,12 @@ def _count(step: Callable[[], Any], model: torch.nn.Module, level: str | None, s
             if dumper is not None:
                 dumper.stop()
         out: dict[str, Any] = {"kernels": c.kernels, "busy_kernels": c.busy_kernels, "scalars": c.scalars,
-                               "to_host": c.to_host}
+                               "to_host": c.to_host, "allocs": c.allocs}
         if dumper is not None:
             b = dumper.session._batcher  # type: ignore[union-attr]
-            out.update(added=b.added, flushes=b.flushes, entries=_entries(Path(root)))
+            cp = dumper.session._copier  # type: ignore[union-attr]
+            out.update(added=b.added, flushes=b.flushes, entries=_entries(Path(root)), copies=cp.copies,
+                       declined=cp.declined)
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -131,19 +143,22 @@ def _entries(root: Path) -> int:
 
 
 def counts_table(models: dict[str, tuple[Callable[[], Any], torch.nn.Module, str]], levels: list[str],
-                 steps: int) -> str:
-    rows = ["| model | level | tool kernels | values measured | entries with stats | tool kernels / value "
-            "| flushes / step | host copies / step | `.item()` / step |", "|---|---|---|---|---|---|---|---|---|"]
+                 steps: int, modes: tuple[str, ...] = ("statistics",)) -> str:
+    rows = ["| model | level | mode | tool kernels | values measured | entries with stats | tool kernels / value "
+            "| flushes / step | host copies / step | `.item()` / step | values copied async | copied blocking "
+            "| tool allocations |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (step, model, _) in models.items():
         step()  # warm-up: lazy initialisation is not the tool's
         off = _count(step, model, None, steps)
         for level in levels:
-            on = _count(step, model, level, steps)
-            tool = on["kernels"] - off["kernels"]
-            rows.append(f"| {name} | {level} | {tool} | {on['added']} | {on['entries']} | "
-                        f"{tool / max(on['added'], 1):.2f} | {on['flushes'] / steps:.1f} | "
-                        f"{(on['to_host'] - off['to_host']) / steps:.1f} | {(on['scalars'] - off['scalars']) / steps:.1f} |")
-            print(rows[-1], flush=True)
+            for mode in modes:
+                on = _count(step, model, level, steps, mode)
+                tool = on["kernels"] - off["kernels"]
+                rows.append(f"| {name} | {level} | {mode} | {tool} | {on['added']} | {on['entries']} | "
+                            f"{tool / max(on['added'], 1):.2f} | {on['flushes'] / steps:.1f} | "
+                            f"{(on['to_host'] - off['to_host']) / steps:.1f} | "
+                            f"{(on['scalars'] - off['scalars']) / steps:.1f} | {on['copies']} | {on['declined']} | {on['allocs']} |")
+                print(rows[-1], flush=True)
     return "\n".join(rows)
 
 
@@ -177,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="bench,llama", help="comma list: bench, llama")
     ap.add_argument("--levels", default="module,api,aten", help="comma list of dump levels")
+    ap.add_argument("--modes", default="statistics", help="comma list of dump modes: statistics, md5, tensor")
     ap.add_argument("--steps", type=int, default=2, help="steps counted per configuration")
     ap.add_argument("--timing", action="store_true", help="also time aten+statistics, device_stats off/on")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds (with --timing)")
@@ -198,8 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     for name, (_, _, line) in models.items():
         print(f"{name}: {line}")
-    print(f"\nCounts per {a.steps} steps, statistics, device_stats=True on the CPU:\n")
-    print(counts_table(models, a.levels.split(","), a.steps))
+    modes = tuple(a.modes.split(","))
+    bad = set(modes) - {"statistics", "md5", "tensor"}
+    if bad:
+        ap.error(f"--modes: unknown mode(s) {sorted(bad)}; use statistics, md5, tensor")
+    print(f"\nCounts per {a.steps} steps, device_stats=True on the CPU:\n")
+    print(counts_table(models, a.levels.split(","), a.steps, modes))
     if a.timing:
         print("\nCPU cost of the batched path (aten + statistics):\n")
         print(timing_table(a.rounds, 3))

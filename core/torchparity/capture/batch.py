@@ -25,12 +25,15 @@ class Batch:
     # one row [max, min, mean, norm, nan, inf] per stat slot: a HostRows of the statistics batcher
     # (its tolist() waits for the flush's one device-to-host copy) or a [n, 6] tensor
     stats: Any
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> CPU tensor
+    # key -> CPU tensor, or a capture.host_copies.HostCopy still on its way (the writer waits for it)
+    tensors: dict[str, torch.Tensor | Any] = field(default_factory=dict)
     tensor_owner: dict[str, TensorEntry] = field(default_factory=dict)
     nbytes: int = 0
     # entries whose value equals a tensor saved for another entry (this batch or earlier in the
     # step): they get that tensor's file, or no file if it was not saved (max_bytes)
     tensor_refs: list[TensorEntry] = field(default_factory=list)
+    # md5 mode: (entry, HostCopy) whose checksum the sink computes once the copy is done
+    checksums: list[tuple[TensorEntry, Any]] = field(default_factory=list)
 
 
 class RecordSink(Protocol):

@@ -25,6 +25,7 @@ from .options import DumpOptions, compile_patterns, matches
 from ..records import OpRecord, TensorEntry, op_record, scalar_entry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .stacks import StackTable
+from .host_copies import HostCopier, HostCopy
 from .stat_batch import HostRows, RowRef, StatBatcher
 from .stats import host_stats, stats_to_dict, tensor_checksum
 from .tool_state import _tool_state, tool_is_busy, tool_work  # noqa: F401 (re-exported)
@@ -175,6 +176,10 @@ class CaptureSession:
         self._pending_owner: dict[str, TensorEntry] = {}
         self._pending_refs: list[TensorEntry] = []  # entries pointing at a tensor saved for another entry
         self._pending_bytes = 0
+        # md5/tensor modes: values off the CPU (CPU values with device_stats) reach the host by
+        # asynchronous copies, finished by the writer thread; (entry, copy) pairs to checksum there
+        self._copier = HostCopier()
+        self._pending_checksums: list[tuple[TensorEntry, HostCopy]] = []
         self._tensor_seq = 0
         self._filter_count = 0
         self._in_range = options.op_range is None or options.op_range[0] is None
@@ -420,7 +425,7 @@ class CaptureSession:
             st, md5, key, key_shape = hit
         changed = hit is None
         if o.mode == "md5" and md5 is None:
-            md5, changed = tensor_checksum(v), True
+            md5, changed = self._checksum(v), True
         elif o.mode == "tensor" and v.layout == torch.strided and v.device.type != "meta":
             shape = tuple(v.shape)
             if key is not None and key_shape == shape:  # the same values were saved already
@@ -428,10 +433,10 @@ class CaptureSession:
             else:
                 self._tensor_seq += 1
                 key, key_shape, changed = f"{self._tensor_seq}.{e.io}.{e.arg}", shape, True
-                cpu = v.detach().to("cpu", copy=True).contiguous()
+                cpu = self._host_copy(v)  # a CPU tensor, or a HostCopy the writer waits for
                 self._pending_tensors[key] = cpu
                 self._pending_owner[key] = e
-                self._pending_bytes += cpu.numel() * cpu.element_size()
+                self._pending_bytes += cpu.nbytes if isinstance(cpu, HostCopy) else cpu.numel() * cpu.element_size()
         if changed and self.reuse_stats:
             self._remember(v, (st, md5, key, key_shape))
         if isinstance(st, list):
@@ -439,10 +444,37 @@ class CaptureSession:
         elif st is not None:
             self._pending_stats.append(st)
             self._pending_slots.append(e)
-        if md5 is not None:
+        if isinstance(md5, HostCopy):  # the writer thread fills it in once the copy is done
+            self._pending_checksums.append((e, md5))
+        elif md5 is not None:
             e.md5 = md5
         if key is not None and o.mode == "tensor":
             e.file, e.key = "pending", key
+
+    def _async_copies(self, v: torch.Tensor) -> bool:
+        """Values off the CPU go to the host by asynchronous copies; CPU values only with
+        device_stats (the accelerator path forced: tests, the counting bench)."""
+        return v.device.type != "cpu" or not self._host_stats
+
+    def _checksum(self, v: torch.Tensor) -> str | HostCopy:
+        """md5 mode: the checksum now (a CPU value, hashed in place), or a copy on its way to the
+        host that the writer thread hashes (no host sync here)."""
+        if self._async_copies(v) and v.numel():
+            c = self._copier.copy(v)
+            if c is not None:
+                self._pending_bytes += c.nbytes  # pending host bytes: commit() flushes past its limit
+                return c
+        return tensor_checksum(v)  # the CPU; or blocking: pool full, or a value the pool cannot take
+
+    def _host_copy(self, v: torch.Tensor) -> torch.Tensor | HostCopy:
+        """tensor mode: the value's host copy, taken now (a CPU value) or on its way."""
+        if self._async_copies(v):
+            if not v.numel():  # nothing to copy (and no transfer to wait for)
+                return torch.empty(v.shape, dtype=v.dtype)
+            c = self._copier.copy(v)
+            if c is not None:
+                return c
+        return v.detach().to("cpu", copy=True).contiguous()
 
     def _lookup(self, v: torch.Tensor) -> Any:
         hit = self._measured.get(v)
@@ -590,7 +622,10 @@ class CaptureSession:
         if self._pending_stats:
             stats = HostRows(self._pending_stats)  # rows read by the writer thread
         batch = Batch(self.step, self._rank, self._pending, self._pending_slots, stats,
-                      self._pending_tensors, self._pending_owner, self._pending_bytes, self._pending_refs)
+                      self._pending_tensors, self._pending_owner, self._pending_bytes, self._pending_refs,
+                      self._pending_checksums)
+        self._pending_checksums = []
+        self._copier.handed()
         self._pending, self._pending_stats, self._pending_slots = [], [], []
         self._pending_tensors, self._pending_owner, self._pending_bytes = {}, {}, 0
         self._pending_refs = []

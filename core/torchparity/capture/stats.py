@@ -150,18 +150,25 @@ except ImportError:  # pragma: no cover - xxhash is a dependency; stay usable wi
     CHECKSUM_ALGORITHM = "md5"
 
 
+def checksum_bytes(buf: "bytes | memoryview | object") -> str:
+    """The checksum of raw bytes (a uint8 numpy array, or ``bytes``): the ``md5`` field's value."""
+    if _xxh3_64 is not None:
+        return _xxh3_64(buf)
+    return hashlib.md5(buf).hexdigest()
+
+
 def tensor_checksum(t: torch.Tensor) -> str:
     """Checksum of the tensor's raw bytes (row-major order, native dtype): XXH3-64 as 16 hex
     digits (MD5, 32 digits, without the xxhash package). Equal bytes give equal checksums on every
     device; a CPU tensor is hashed in place (a copy only if it is not contiguous), others are
-    copied to the host first."""
+    copied to the host first (blocking: a dump hashes values off the CPU from asynchronous host
+    copies instead, see :mod:`.host_copies`)."""
+    if t.numel() == 0:  # nothing to bring to the host
+        return checksum_bytes(b"")
     flat = t.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
-    buf = flat.contiguous().view(torch.uint8).numpy() if flat.numel() else b""
-    if _xxh3_64 is not None:
-        return _xxh3_64(buf)
-    return hashlib.md5(buf).hexdigest()
+    return checksum_bytes(flat.contiguous().view(torch.uint8).numpy())
 
 
 tensor_md5 = tensor_checksum  # the name used before the algorithm changed

@@ -42,6 +42,7 @@ import torch
 
 from ..records import FORMAT_NAME, FORMAT_VERSION, OpRecord, TensorEntry
 from ..capture.batch import Batch  # noqa: F401 (re-exported: the record batch lives with capture)
+from ..capture.host_copies import host_tensor, release_copies
 from ..capture.stats import stats_to_dict
 
 log = logging.getLogger("torchparity")
@@ -263,6 +264,8 @@ class DumpWriter:
             values = b.stats.tolist() if not isinstance(b.stats, torch.Tensor) else b.stats.cpu().tolist()
             for entry, row in zip(b.stat_slots, values):
                 entry.stats = stats_to_dict(row)
+        for entry, copy in b.checksums:  # md5 mode: wait for each asynchronous host copy, hash it
+            entry.md5 = copy.checksum()
         if b.tensors:
             self._write_tensors(rf, b)
         for e in b.tensor_refs:
@@ -294,6 +297,7 @@ class DumpWriter:
         if self.tensor_error:  # the disk refused a tensor file before: statistics only from here on
             self._drop_tensors(rf, b, list(tensors))
             return
+        tensors = {k: host_tensor(t) for k, t in tensors.items()}  # waits for asynchronous host copies
         if self.max_bytes is not None:
             kept: dict[str, torch.Tensor] = {}
             for k, t in tensors.items():
@@ -396,6 +400,7 @@ class DumpWriter:
                         else:
                             self._write_batch(payload)
                     finally:
+                        release_copies(payload.tensors, payload.checksums)  # host buffers back to the pool
                         if payload.tensors:
                             with self._cond:
                                 self._queued_bytes -= payload.nbytes
