@@ -42,7 +42,6 @@ import torch
 
 from ..records import FORMAT_NAME, FORMAT_VERSION, OpRecord, TensorEntry
 from ..capture.batch import Batch  # noqa: F401 (re-exported: the record batch lives with capture)
-from ..capture.stats import stats_to_dict
 
 log = logging.getLogger("torchparity")
 
@@ -261,8 +260,9 @@ class DumpWriter:
         if b.stats is not None and b.stat_slots:
             # a HostRows waits here (the writer thread) for its flush's device-to-host copy
             values = b.stats.tolist() if not isinstance(b.stats, torch.Tensor) else b.stats.cpu().tolist()
-            for entry, row in zip(b.stat_slots, values):
-                entry.stats = stats_to_dict(row)
+            for entry, row in zip(b.stat_slots, values):  # stats_to_dict(), inlined
+                entry.stats = None if row is None else {"max": row[0], "min": row[1], "mean": row[2],
+                                                        "norm": row[3], "nan": int(row[4]), "inf": int(row[5])}
         if b.tensors:
             self._write_tensors(rf, b)
         for e in b.tensor_refs:
