@@ -16,6 +16,7 @@ from . import ops as opinfo
 from .op_stream import LAYER_OBSERVER, UNCOUNTED_OPS, OpCall, OpConsumer, OpInfo, op_stream
 from .optim_names import OptimizerParamNames
 from .session import CaptureSession, flat_args, flat_outputs
+from .tool_state import _tool_state
 
 # In-place ops that overwrite their destination without reading it: its old content is
 # uninitialised memory more often than not, so it is described but not measured.
@@ -52,6 +53,7 @@ class _DumpInfo:
     factory: bool  # result is uninitialised memory (empty*)
     in_no_values: dict[str, str]  # input arg -> why it is described but not measured
     out_no_values: dict[str, str]  # output index -> why
+    flags: dict[str, Any]  # the record's constant flags (inplace, collective, view, random); copied per record
 
 
 def _dump_info(info: OpInfo) -> _DumpInfo:
@@ -61,7 +63,9 @@ def _dump_info(info: OpInfo) -> _DumpInfo:
     factory = base in _UNINITIALIZED_RESULT
     no_out = dict.fromkeys(_ALL_OUTPUTS, _WHY_UNINIT) if factory else {}
     no_out.update({str(i): _WHY_WORKSPACE for i in opinfo.workspace_outputs(func)})
-    return _DumpInfo(factory, no_in, no_out)
+    flags = {k: True for k, on in (("inplace", info.inplace), ("collective", info.collective), ("view", info.view),
+                                   ("random", info.random)) if on}
+    return _DumpInfo(factory, no_in, no_out, flags)
 
 
 #: ops the dump does not record (bookkeeping, metadata queries): the stream's uncounted ops
@@ -143,33 +147,33 @@ class AtenCaptureMode(OpConsumer):
         if extra is None:
             extra = self._extra[id(info.func)] = _dump_info(info)
         view, writes = info.view, info.writes
-        flags: dict[str, Any] = {}
-        if info.inplace:
-            flags["inplace"] = True
-        if info.collective:
-            flags["collective"] = True
-        if view:
-            flags["view"] = True
-        if info.random:
-            flags["random"] = True
-        if tag is not None and tag.get("node"):
-            flags["node"] = tag["node"]
+        flags = extra.flags.copy()  # the constant flags, made once per overload
+        if tag is not None:
+            node = tag.get("node")
+            if node:
+                flags["node"] = node
         rec = s.new_record(prefix=info.prefix, base=base, op=op, level="aten", phase=phase, module=module,
                            module_class=module_class, fwd=fwd, flags=flags)
         if rec is None:
             return self._run(run, args, kwargs, info)
         unmeasured: dict[str, str] = {}
-        s.busy = True
+        # s.busy = True / False, inlined (the session is not busy here: checked above)
+        ts = _tool_state
+        s._busy = True
+        ts.busy = getattr(ts, "busy", 0) + 1
         try:
             rec.tensors = s.describe(flat_args(args, kwargs), "input", rec.id, link=True,
                                      no_values=extra.in_no_values, unmeasured=unmeasured)
         finally:
-            s.busy = False
+            s._busy = False
+            ts.busy -= 1
         out = run(*args, **kwargs)
-        s.busy = True
+        s._busy = True
+        ts.busy = getattr(ts, "busy", 0) + 1
         try:
             if writes:
-                s.note_writes(_written(args, kwargs, writes))
+                written = _written(args, kwargs, writes)
+                s.note_writes(written)
             elif base in _SAME_VALUES and args:
                 s.same_values(args[0], out, _SAME_VALUES[base])
             elif base == "expand" and args:
@@ -187,10 +191,12 @@ class AtenCaptureMode(OpConsumer):
                 rec.flags.update(self._param_names.flags(args, kwargs, out))
             s.note_outputs(rec.id, outs)
             if writes:
-                s.expect_version_bump(_written(args, kwargs, writes, lists=False))
+                s.expect_version_bump(written if not any(w[2] for w in writes)
+                                      else _written(args, kwargs, writes, lists=False))
             s.commit(rec)
         finally:
-            s.busy = False
+            s._busy = False
+            ts.busy -= 1
         return out
 
 

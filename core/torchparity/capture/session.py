@@ -26,8 +26,8 @@ from ..records import OpRecord, TensorEntry, op_record, scalar_entry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .stacks import StackTable
 from .host_copies import HostCopier, HostCopy
-from .stat_batch import HostRows, RowRef, StatBatcher
-from .stats import host_stats, stats_to_dict, tensor_checksum
+from .stat_batch import RowRef, StatBatcher
+from .stats import host_stats, tensor_checksum
 from .tool_state import _tool_state, tool_is_busy, tool_work  # noqa: F401 (re-exported)
 from .uninit import UninitStorages
 
@@ -141,6 +141,25 @@ class TensorMemo:
         return len(self._d)
 
 
+class StatRows:
+    """The statistics of a batch's entries, in order, for the writer thread: each item is a
+    host row (a list of 6 floats, measured at once on the CPU) or a :class:`~.stat_batch.RowRef`
+    (a row of the batcher, on the host once its flush's transfer is done). ``tolist()`` gives one
+    row per entry (the writer's call; the same as on a stacked host tensor). Keeping host rows as
+    lists until then means no dict per value on the training thread."""
+
+    __slots__ = ("refs",)
+
+    def __init__(self, refs: list[Any]) -> None:
+        self.refs = refs
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def tolist(self) -> list[list[float]]:
+        return [r if r.__class__ is list else r.values() for r in self.refs]
+
+
 class CaptureSession:
     """State shared by all interceptors of one dump."""
 
@@ -166,7 +185,8 @@ class CaptureSession:
         self._write_gen: dict[int, int] = {}
         self.uninit = UninitStorages()  # storages made by empty* and not written yet (aten level)
         self._pending: list[OpRecord] = []
-        self._pending_stats: list[RowRef] = []  # rows of the batcher, one per entry of _pending_slots
+        # one per entry of _pending_slots: a host row (list) or a row of the batcher (RowRef)
+        self._pending_stats: list[list[float] | RowRef] = []
         # values off the CPU (and CPU values with device_stats) are measured by the batcher: one
         # kernel per value, one device-to-host copy per flush; CPU values read at once otherwise
         self._batcher = StatBatcher()
@@ -417,7 +437,16 @@ class CaptureSession:
         the checksum and saved copy are left out (None) when the value was reached through a
         permuting view (transpose), whose row-major bytes differ from its base's."""
         o = self.options
-        hit = self._lookup(v) if self.reuse_stats else None
+        hit = None
+        if self.reuse_stats:  # _lookup(), inlined: asked for every value
+            m = self._measured._d.get(id(v))
+            if m is not None and m[0]() is v:
+                m = m[1]
+                try:
+                    if m[0] == v._version and self._write_gen.get(m[1], 0) == m[2]:
+                        hit = m[3]
+                except RuntimeError:  # inference tensors have no version counter
+                    pass
         if hit is None:
             st = host_stats(v) if self._host_stats and v.device.type == "cpu" else self._batcher.add(v)
             md5 = key = key_shape = None
@@ -439,9 +468,7 @@ class CaptureSession:
                 self._pending_bytes += cpu.nbytes if isinstance(cpu, HostCopy) else cpu.numel() * cpu.element_size()
         if changed and self.reuse_stats:
             self._remember(v, (st, md5, key, key_shape))
-        if isinstance(st, list):
-            e.stats = stats_to_dict(st)
-        elif st is not None:
+        if st is not None:  # the writer thread makes the record's dict (StatRows)
             self._pending_stats.append(st)
             self._pending_slots.append(e)
         if isinstance(md5, HostCopy):  # the writer thread fills it in once the copy is done
@@ -620,7 +647,7 @@ class CaptureSession:
             finally:
                 self.busy = prev
         if self._pending_stats:
-            stats = HostRows(self._pending_stats)  # rows read by the writer thread
+            stats = StatRows(self._pending_stats)  # rows read by the writer thread
         batch = Batch(self.step, self._rank, self._pending, self._pending_slots, stats,
                       self._pending_tensors, self._pending_owner, self._pending_bytes, self._pending_refs,
                       self._pending_checksums)

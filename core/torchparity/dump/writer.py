@@ -43,7 +43,6 @@ import torch
 from ..records import FORMAT_NAME, FORMAT_VERSION, OpRecord, TensorEntry
 from ..capture.batch import Batch  # noqa: F401 (re-exported: the record batch lives with capture)
 from ..capture.host_copies import host_tensor, release_copies
-from ..capture.stats import stats_to_dict
 
 log = logging.getLogger("torchparity")
 
@@ -260,10 +259,11 @@ class DumpWriter:
     def _write_batch(self, b: Batch) -> None:
         rf = self._rank_files(b.step, b.rank)
         if b.stats is not None and b.stat_slots:
-            # a HostRows waits here (the writer thread) for its flush's device-to-host copy
+            # a StatRows waits here (the writer thread) for its flush's device-to-host copy
             values = b.stats.tolist() if not isinstance(b.stats, torch.Tensor) else b.stats.cpu().tolist()
-            for entry, row in zip(b.stat_slots, values):
-                entry.stats = stats_to_dict(row)
+            for entry, row in zip(b.stat_slots, values):  # stats_to_dict(), inlined
+                entry.stats = None if row is None else {"max": row[0], "min": row[1], "mean": row[2],
+                                                        "norm": row[3], "nan": int(row[4]), "inf": int(row[5])}
         for entry, copy in b.checksums:  # md5 mode: wait for each asynchronous host copy, hash it
             entry.md5 = copy.checksum()
         if b.tensors:
