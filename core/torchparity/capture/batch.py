@@ -22,7 +22,7 @@ class Batch:
     rank: int
     records: list[OpRecord]
     stat_slots: list[TensorEntry]  # entries whose stats are rows of `stats`, in order
-    # one row [max, min, mean, norm, nan, inf] per stat slot: a HostRows of the statistics batcher
+    # one row [max, min, mean, norm, nan, inf] per stat slot: a session.StatRows (host rows and statistics-batcher rows)
     # (its tolist() waits for the flush's one device-to-host copy) or a [n, 6] tensor
     stats: Any
     # key -> CPU tensor, or a capture.host_copies.HostCopy still on its way (the writer waits for it)

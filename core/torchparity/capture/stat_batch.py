@@ -73,22 +73,6 @@ class RowRef:
         return rows[r if r >= 0 else self.chunk.n_staged - r - 1]
 
 
-class HostRows:
-    """The statistics of a batch's entries, in order: ``tolist()`` gives one row per entry
-    (what the writer reads; the same call as on a stacked host tensor)."""
-
-    __slots__ = ("refs",)
-
-    def __init__(self, refs: list[RowRef]) -> None:
-        self.refs = refs
-
-    def __len__(self) -> int:
-        return len(self.refs)
-
-    def tolist(self) -> list[list[float]]:
-        return [r.values() for r in self.refs]
-
-
 class _Group:
     """Staging state of one (device, staging dtype)."""
 
