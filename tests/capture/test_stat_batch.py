@@ -187,3 +187,21 @@ def test_dump_records_are_the_same_with_device_stats(tmp_path: Path, level: str)
                 keys = ("max", "min", "mean", "norm", "nan", "inf")  # NaN/Inf are written as strings
                 _close([float(got[k]) for k in keys], [float(want[k]) for k in keys])
     assert measured > 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # float16 cannot hold such values
+def test_norm_of_tiny_values_does_not_underflow(dtype: torch.dtype) -> None:
+    """Adam's second moment after its first step holds values ~1e-26 whose float32 squares are 0:
+    the host path gave a norm of 0 while the batched path gave the true one (a false root cause
+    when a device dump is compared with a CPU reference)."""
+    from torchparity.capture.stats import host_stats
+
+    t = (torch.linspace(0.5, 1.0, 64) * 1e-26).to(dtype)
+    assert t.abs().min() > 0
+    want = torch.linalg.vector_norm(t.double()).item()
+    got = host_stats(t)
+    assert got is not None and got[3] == pytest.approx(want, rel=1e-6, abs=0)
+    b = StatBatcher()
+    ref = b.add(t)
+    b.flush()
+    assert ref is not None and ref.values()[3] == pytest.approx(want, rel=1e-6, abs=0)

@@ -64,6 +64,9 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
     return torch.stack([mx, mn, f.mean(), torch.linalg.vector_norm(f), zero, zero])
 
 
+#: below this magnitude, squares fall out of float32's normal range (2**-63 squared is 2**-126)
+_UNDERFLOW = 2.0 ** -60
+
 _SMALL = 32  # tensors up to this many elements are measured in Python (0-d optimizer state, scalars)
 
 
@@ -122,6 +125,10 @@ def host_stats(t: torch.Tensor) -> list[float] | None:
     if math.isfinite(hi) and math.isfinite(lo):
         if not (math.isfinite(total) and math.isfinite(norm)):  # the sum or the squares overflowed
             total = t.sum(dtype=torch.float64).item()
+            norm = torch.linalg.vector_norm(t, dtype=torch.float64).item()
+        elif 0.0 < max(-lo, hi) < _UNDERFLOW and dt != torch.float64:
+            # squares of values this small underflow float32 (Adam's exp_avg_sq early on: ~1e-26
+            # gives a norm of 0): take them in float64
             norm = torch.linalg.vector_norm(t, dtype=torch.float64).item()
         nan = inf = 0.0
     else:
