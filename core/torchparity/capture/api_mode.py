@@ -30,7 +30,9 @@ from .aten_mode import (_ALL_OUTPUTS, _OVERWRITING, _UNINITIALIZED_RESULT, _WHY_
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
 from .compute_dtype import call_flags
 from .module_tracker import tag_graph
-from .session import CaptureSession, flat_args, flat_outputs, tool_is_busy
+from .flatten import flat_args, flat_outputs
+from .session import CaptureSession
+from .tool_state import tool_is_busy
 
 _PASSTHROUGH = frozenset({
     "__get__", "__set__", "__repr__", "__format__", "__str__", "__len__", "__bool__", "__index__",

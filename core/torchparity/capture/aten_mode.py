@@ -15,7 +15,8 @@ from typing import Any, Callable
 from . import ops as opinfo
 from .op_stream import LAYER_OBSERVER, UNCOUNTED_OPS, OpCall, OpConsumer, OpInfo, op_stream
 from .optim_names import OptimizerParamNames
-from .session import CaptureSession, flat_args, flat_outputs
+from .flatten import flat_args, flat_outputs
+from .session import CaptureSession
 from .tool_state import _tool_state
 
 # In-place ops that overwrite their destination without reading it: its old content is

@@ -18,7 +18,8 @@ from ..records import module_record_name
 from .compute_dtype import compute_dtype
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
 from .module_tracker import Frame, ModuleTracker, tag_graph
-from .session import CaptureSession, flat_args, flat_outputs
+from .flatten import flat_args, flat_outputs
+from .session import CaptureSession
 
 
 class ModuleCapture:

@@ -217,7 +217,7 @@ def _sequence_nr() -> int | None:
     """The autograd sequence number the next node created on this thread will get (None if it
     cannot be read here)."""
     from .grad_capture import next_sequence_nr
-    from .session import tool_work  # here: session imports this module
+    from .tool_state import tool_work
 
     try:
         with tool_work():  # the probe node is the tool's own work: no capture mode records it

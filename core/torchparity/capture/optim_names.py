@@ -16,7 +16,7 @@ import torch
 
 from .module_tracker import ModuleTracker
 from .ops import storage_ptr
-from .session import TensorMemo
+from .tensor_memo import TensorMemo
 
 
 class OptimizerParamNames:

@@ -10,15 +10,11 @@ across runs of the same script.
 
 from __future__ import annotations
 
-import math
-import os
 import threading
-from weakref import ref as _weakref
 from typing import Any, Collection, Iterable
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_flatten
 
 from .batch import Batch, RecordSink
 from .options import DumpOptions, compile_patterns, matches
@@ -29,13 +25,15 @@ from .host_copies import HostCopier, HostCopy
 from .stat_batch import RowRef, StatBatcher
 from .stats import host_stats, tensor_checksum
 from .tool_state import _tool_state, tool_is_busy, tool_work  # noqa: F401 (re-exported)
+from .flatten import _POS, flat_args, flat_outputs  # noqa: F401 (re-exported)
+from .measure_reuse import MeasurementReuse
+from .ranks import _distributed, current_rank, world_size  # noqa: F401 (re-exported)
+from .tensor_memo import TensorMemo  # noqa: F401 (re-exported)
 from .uninit import UninitStorages
 
 _SCALAR_TYPES = (int, float, bool, str, type(None))
 _NO_MODULE: tuple[str, None, None, None] = ("", None, None, None)
 _new = object.__new__
-#: argument positions as names, made once ("0", "1", ...)
-_POS = tuple(str(i) for i in range(256))
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _DEVICE_NAMES: dict[torch.device, str] = {}
@@ -67,80 +65,6 @@ def _scalar_value(x: Any) -> Any:
     return None
 
 
-def _distributed() -> bool:
-    """A distributed run, or one about to be (under torchrun, before init_process_group)."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        return True
-    try:
-        import torch.distributed as dist
-
-        return dist.is_available() and dist.is_initialized()
-    except Exception:  # pragma: no cover
-        return False
-
-
-def current_rank() -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except Exception:  # pragma: no cover
-        pass
-    return int(os.environ.get("RANK", "0") or 0)
-
-
-def world_size() -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size()
-    except Exception:  # pragma: no cover
-        pass
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
-
-
-class TensorMemo:
-    """Per-step facts about tensors, keyed by the tensor object without keeping it alive.
-
-    A dict from ``id(tensor)`` to ``(weakref, value)``; an entry counts only while its weakref
-    still points at the very same tensor, so a recycled id never returns another tensor's value.
-    Several times cheaper per lookup than ``torch.utils.weak.WeakIdKeyDictionary`` (no callback,
-    no wrapper objects); dead entries are swept when the memo grows large and dropped each step.
-    """
-
-    __slots__ = ("_d", "_limit")
-
-    def __init__(self, limit: int = 200_000) -> None:
-        self._d: dict[int, tuple[Any, Any]] = {}
-        self._limit = limit
-
-    def get(self, t: torch.Tensor) -> Any:
-        e = self._d.get(id(t))
-        if e is not None and e[0]() is t:
-            return e[1]
-        return None
-
-    def __contains__(self, t: torch.Tensor) -> bool:
-        return self.get(t) is not None
-
-    def __setitem__(self, t: torch.Tensor, value: Any) -> None:
-        d = self._d
-        if len(d) >= self._limit:
-            for k in [k for k, e in d.items() if e[0]() is None]:
-                del d[k]
-            if len(d) >= self._limit:
-                self._limit *= 2
-        d[id(t)] = (_weakref(t), value)
-
-    def clear(self) -> None:
-        self._d.clear()
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-
 class StatRows:
     """The statistics of a batch's entries, in order, for the writer thread: each item is a
     host row (a list of 6 floats, measured at once on the CPU) or a :class:`~.stat_batch.RowRef`
@@ -160,7 +84,7 @@ class StatRows:
         return [r if r.__class__ is list else r.values() for r in self.refs]
 
 
-class CaptureSession:
+class CaptureSession(MeasurementReuse):
     """State shared by all interceptors of one dump."""
 
     def __init__(self, options: DumpOptions, writer: RecordSink, tracker: ModuleTracker) -> None:
@@ -503,98 +427,6 @@ class CaptureSession:
                 return c
         return v.detach().to("cpu", copy=True).contiguous()
 
-    def _lookup(self, v: torch.Tensor) -> Any:
-        hit = self._measured.get(v)
-        if hit is not None:
-            try:
-                if hit[0] == v._version and self._write_gen.get(hit[1], 0) == hit[2]:
-                    return hit[3]
-            except RuntimeError:  # inference tensors have no version counter
-                pass
-        return None
-
-    def _remember(self, v: torch.Tensor, measured: tuple[Any, str | None, str | None, tuple[int, ...] | None]) -> None:
-        """Note (statistics, checksum, saved tensor key, its shape) as the measurement of ``v``."""
-        try:
-            ptr = v.untyped_storage().data_ptr()
-            self._measured[v] = (v._version, ptr, self._write_gen.get(ptr, 0), measured)
-        except (RuntimeError, NotImplementedError, TypeError):  # no storage/version (inference, subclasses)
-            pass
-
-    def enable_api_reuse(self) -> None:
-        """The API-level mode watches Python-level writes: reuse measurements (single process)."""
-        self._api_reuse = True
-        if not _distributed():
-            self.reuse_stats = True
-
-    def note_writes(self, tensors: Iterable[Any]) -> None:
-        """An op wrote into these tensors: statistics measured through any alias are stale (and
-        their memory is no longer uninitialised)."""
-        tensors = list(tensors)
-        self.uninit.written(tensors)
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                try:
-                    ptr = t.untyped_storage().data_ptr()
-                except (RuntimeError, NotImplementedError):
-                    continue
-                self._write_gen[ptr] = self._write_gen.get(ptr, 0) + 1
-
-    def expect_version_bump(self, tensors: Iterable[Any]) -> None:
-        """These tensors were just written by a single-tensor in-place/out op, whose version
-        counter autograd bumps only after the dispatch mode returns: what was noted about them
-        (statistics, producer) describes the next version. (If the bump does not come, the
-        entries simply never match again: a re-measurement, never a stale value.)"""
-        for t in tensors:
-            if not isinstance(t, torch.Tensor):
-                continue
-            for memo, vi in ((self._measured, 0), (self._producers, 2)):
-                e = memo.get(t)
-                if e is not None:
-                    try:
-                        if e[vi] == t._version:
-                            memo[t] = e[:vi] + (e[vi] + 1,) + e[vi + 1:]
-                    except RuntimeError:
-                        pass
-
-    def expanded_values(self, src: Any, dst: Any) -> None:
-        """``dst = src.expand(...)`` repeats every element of ``src`` the same number of times:
-        its statistics follow from ``src``'s (norm and NaN/Inf counts scale), no pass needed."""
-        if not self.reuse_stats or not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor) \
-                or src.dtype != dst.dtype or src.device != dst.device:
-            return
-        hit = self._lookup(src)
-        n_in, n_out = src.numel(), dst.numel()
-        if hit is None or not isinstance(hit[0], list) or n_in == 0 or n_out % n_in:
-            return
-        f = n_out // n_in
-        mx, mn, mean, norm, nan, inf = hit[0]
-        self._remember(dst, ([mx, mn, mean, norm * math.sqrt(f), nan * f, inf * f], None, None, None))
-
-    def same_values(self, src: Any, dst: Any, keeps_order: bool = True) -> None:
-        """``dst`` holds exactly ``src``'s elements (a view, transpose or clone of it): give it
-        ``src``'s measurement if it is known and current, instead of measuring it again. With
-        ``keeps_order=False`` (transposes) only the statistics carry over: the row-major bytes,
-        hence checksum and saved copy, differ."""
-        if not self.reuse_stats or not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor) \
-                or src.dtype != dst.dtype or src.device != dst.device or src.numel() != dst.numel():
-            return
-        hit = self._lookup(src)
-        if hit is None:
-            return
-        self._remember(dst, hit if keeps_order else (hit[0], None, None, None))
-
-    def note_outputs(self, rid: int, outputs: list[tuple[str, Any]], overwrite: bool = True) -> None:
-        """Remember which record produced each output tensor (for the inputs' ``producer``)."""
-        for i, (_, v) in enumerate(outputs):
-            if isinstance(v, torch.Tensor):
-                if not overwrite and v in self._producers:
-                    continue
-                try:
-                    self._producers[v] = (rid, i, v._version)
-                except TypeError:
-                    pass
-
     # ---- records ---------------------------------------------------------------------------
     def new_record(self, *, prefix: str, base: str, op: str, level: str, phase: str, module: str,
                    module_class: str | None, fwd: int | None = None, name: str | None = None,
@@ -672,30 +504,3 @@ class CaptureSession:
 
     def _on_new_stack(self, sid: int, frames: list[str]) -> None:
         self.writer.add_stack(self.step, self._rank, sid, frames)
-
-
-def flat_args(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    """(arg path, value) pairs for positional and keyword arguments, nested ones flattened."""
-    out: list[tuple[str, Any]] = []
-    append = out.append
-    for i, a in enumerate(args):
-        if isinstance(a, (list, tuple)) and a and any(isinstance(x, Tensor) for x in a):
-            out.extend((f"{i}.{j}", x) for j, x in enumerate(a))
-        else:
-            append((_POS[i] if i < 256 else str(i), a))
-    for k, v in kwargs.items():
-        if isinstance(v, (list, tuple)) and v and any(isinstance(x, Tensor) for x in v):
-            out.extend((f"{k}.{j}", x) for j, x in enumerate(v))
-        else:
-            append((k, v))
-    return out
-
-
-def flat_outputs(out: Any) -> list[tuple[str, Any]]:
-    """(output index, value) pairs; nested outputs flattened in pytree order."""
-    if isinstance(out, Tensor):  # the common case; tree_flatten takes ~10 us for it
-        return [("0", out)]
-    if isinstance(out, (tuple, list)) and not any(isinstance(v, (tuple, list, dict)) for v in out):
-        return [(_POS[i] if i < 256 else str(i), v) for i, v in enumerate(out)]
-    leaves, _ = tree_flatten(out)
-    return [(_POS[i] if i < 256 else str(i), v) for i, v in enumerate(leaves)]

@@ -67,7 +67,7 @@ def start_grad_probe(model: Any, settings: dict[str, Any]) -> Any:
     """Start the GradMonitor of ``settings`` on ``model``; None when this rank is not selected."""
     import torch
 
-    from ..capture.session import current_rank
+    from ..capture.ranks import current_rank
     from ..gradients.monitor import GradMonitor
 
     if not isinstance(model, torch.nn.Module):

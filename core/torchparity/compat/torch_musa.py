@@ -131,7 +131,7 @@ def _check_steps(start_step: int, end_step: int | None) -> None:
 
 
 def _rank_enabled(enable_ranks: Sequence[int] | None) -> bool:
-    from ..capture.session import current_rank
+    from ..capture.ranks import current_rank
 
     return enable_ranks is None or current_rank() in {int(r) for r in enable_ranks}
 
@@ -140,7 +140,7 @@ class _Out:
     """torch_musa's log sink: stdout, or ``output_dir/<tool>_rank<R>.log`` with should_log_to_file."""
 
     def __init__(self, tool: str, should_log_to_file: bool, output_dir: str | os.PathLike[str]) -> None:
-        from ..capture.session import current_rank
+        from ..capture.ranks import current_rank
 
         self.path: Path | None = None
         self._fh: TextIO | None = None

@@ -87,7 +87,7 @@ def compare_for_single_op(inputs_path: str | os.PathLike[str], op: Any = None, a
     Returns ``(correct, args, kwargs, out)`` (``out``: the device output that was judged)."""
     from contextlib import nullcontext
 
-    from ..capture.session import tool_work
+    from ..capture.tool_state import tool_work
     from ..online.judge import judge_outputs
     from ..online.reference import collect_outputs, run_reference
     from ..plugins import get_registry

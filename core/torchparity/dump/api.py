@@ -28,7 +28,8 @@ from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
 from ..capture.module_tracker import ModuleTracker
 from ..capture.op_stream import op_stream
-from ..capture.session import CaptureSession, current_rank, world_size
+from ..capture.ranks import current_rank, world_size
+from ..capture.session import CaptureSession
 from ..capture.stats import CHECKSUM_ALGORITHM
 from ..errors import UsageError
 from ..records import FORMAT_NAME, FORMAT_VERSION

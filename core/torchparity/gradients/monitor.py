@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..capture.session import current_rank, tool_work
+from ..capture.ranks import current_rank
+from ..capture.tool_state import tool_work
 from ..errors import UsageError
 from . import store
 from .sketch import DEFAULT_BOUNDS, LEVELS, STATS, block_signs, check_bounds, distribution, md5_of, summarize

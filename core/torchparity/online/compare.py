@@ -43,7 +43,8 @@ from torch.utils._pytree import tree_flatten
 
 from ..capture import ops as opinfo
 from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, op_stream
-from ..capture.session import current_rank, tool_work
+from ..capture.ranks import current_rank
+from ..capture.tool_state import tool_work
 from ..errors import UsageError
 from .case import safe_name, save_case
 from .failure import (MARK_ERROR, MARK_NANINF, MARK_SKIP, MARK_SUMMARY, CompareFailure, OnlineFailure,

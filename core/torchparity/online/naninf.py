@@ -77,7 +77,7 @@ import torch
 from ..capture import ops as opinfo
 from ..capture.module_tracker import Frame, ModuleTracker
 from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, OpInfo, is_stream_mode, op_stream
-from ..capture.session import TensorMemo
+from ..capture.tensor_memo import TensorMemo
 from ..errors import UsageError
 
 log = logging.getLogger("torchparity")

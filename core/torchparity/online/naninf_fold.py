@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..capture.session import tool_work
+from ..capture.tool_state import tool_work
 from .naninf_rules import _SENTINEL
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..capture.op_stream import STREAM_KEY
-from ..capture.session import _tool_state
+from ..capture.tool_state import _tool_state
 from .naninf_rules import (_EXTERNAL, _FINITE, _INF, _NAN, _PENDING, _PRESERVING, _OpInfo, _host_fact,
                            _screen)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..capture.session import _tool_state
+from ..capture.tool_state import _tool_state
 from ..naninf_rule import is_sink
 from .naninf_findings import NanInfFinding
 from .naninf_rules import _CHUNK, _FINITE, _FLOAT, _INF, _NAN, _SENTINEL, _STRIDED, _OpInfo, _flat_tensors

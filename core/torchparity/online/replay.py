@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..capture.session import tool_work
+from ..capture.tool_state import tool_work
 from ..errors import UsageError
 from .case import load_case, resolve_op
 from .failure import OnlineFailure, describe, format_failure
