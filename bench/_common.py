@@ -44,7 +44,42 @@ BENCH_CONFIG = toy.TinyConfig(vocab=128, dim=256, hidden=1024, layers=4, heads=4
 QUICK_CONFIG = toy.TinyConfig(vocab=128, dim=64, hidden=128, layers=2, heads=4, seq=16, batch=4)
 
 
-class Bench:
+class Syncs:
+    """``sync()`` waits for the bench's device (a no-op on the CPU)."""
+
+    device: torch.device
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class DumpRun:
+    """A torchparity dump into a fresh directory under ``root``, removed after the round (outside
+    the timing: :func:`time_configs` calls ``cleanup()`` after the clock stopped)."""
+
+    def __init__(self, root: str, model: Any, **opts: Any) -> None:
+        import tempfile
+
+        import torchparity  # here: the msprobe worker imports this file without torchparity
+
+        self.dir = tempfile.mkdtemp(dir=root)
+        self.d = torchparity.dump(self.dir, model=model, **opts)
+
+    def __enter__(self) -> "DumpRun":
+        self.d.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.d.stop()
+
+    def cleanup(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Bench(Syncs):
     """The model, its optimizer and one batch; :meth:`step` is forward + backward + AdamW."""
 
     def __init__(self, device: str = "cpu", quick: bool = False) -> None:
@@ -62,10 +97,6 @@ class Bench:
         self.opt.step()
         self.opt.zero_grad()
         return loss
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
 
 #: a configuration: a callable returning a context manager that runs the tool (entered/exited

@@ -39,9 +39,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import machine  # noqa: E402
+from _common import DumpRun, Syncs, machine  # noqa: E402
 
-import torchparity  # noqa: E402
+import torchparity  # noqa: E402,F401 (imported before timing starts)
 
 #: (name, LlamaConfig kwargs, batch, seq)
 MODELS = {
@@ -57,7 +57,7 @@ TARGETS = {("launch", "aten statistics"): 5.0, ("launch", "api statistics"): 4.0
            ("medium", "api tensor"): 1.5}
 
 
-class LlamaBench:
+class LlamaBench(Syncs):
     """An HF Llama with random init, AdamW, one fixed batch; the interface of ``_common.Bench``."""
 
     def __init__(self, which: str, device: str = "cpu") -> None:
@@ -84,25 +84,13 @@ class LlamaBench:
         self.opt.zero_grad()
         return loss
 
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
-
-class _Dump:
+class _Dump(DumpRun):
     """A dump into a fresh directory; counts its records per step before removing it (untimed)."""
 
     def __init__(self, root: str, bench: LlamaBench, level: str, mode: str, counts: list[float]) -> None:
-        self.dir = tempfile.mkdtemp(dir=root)
+        super().__init__(root, bench.model, level=level, mode=mode)
         self.counts = counts
-        self.d = torchparity.dump(self.dir, level=level, mode=mode, model=bench.model)
-
-    def __enter__(self) -> "_Dump":
-        self.d.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.d.stop()
 
     def cleanup(self) -> None:
         per_step = []

@@ -20,29 +20,16 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import Bench, fmt_ratio, machine, model_line, time_configs  # noqa: E402
+from _common import Bench, DumpRun, fmt_ratio, machine, model_line, time_configs  # noqa: E402
 
-import torchparity  # noqa: E402
+import torchparity  # noqa: E402,F401 (imported before timing starts)
 
 NEVER = 1 << 30  # an ``every`` no run reaches: every step after step 0 is light
 
 
-class _Dump:
-    """A torchparity dump into a fresh directory, removed after the round (outside the timing)."""
-
-    def __init__(self, root: str, bench: Bench, **opts: Any) -> None:
-        self.dir = tempfile.mkdtemp(dir=root)
-        self.d = torchparity.dump(self.dir, model=bench.model, **opts)
-
-    def __enter__(self) -> "_Dump":
-        self.d.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.d.stop()
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+def _Dump(root: str, bench: Bench, **opts: Any) -> DumpRun:
+    """A torchparity dump of the bench model into a fresh directory (see ``_common.DumpRun``)."""
+    return DumpRun(root, bench.model, **opts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Bench, fmt_ratio, machine, model_line, time_configs  # noqa: E402
+from _common import Bench, Syncs, fmt_ratio, machine, model_line, time_configs  # noqa: E402
 
 import torchparity  # noqa: E402
 
@@ -38,7 +38,7 @@ class EmptyMode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class LlamaBench:
+class LlamaBench(Syncs):
     """A ~100 M-parameter HF Llama (random init), same interface as :class:`_common.Bench`."""
 
     def __init__(self, device: str = "cpu", hidden: int = 768, layers: int = 8, seq: int = 128,
@@ -64,10 +64,6 @@ class LlamaBench:
         self.opt.step()
         self.opt.zero_grad()
         return loss
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def line(self) -> str:
         n = sum(p.numel() for p in self.model.parameters())

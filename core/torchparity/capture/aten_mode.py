@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import ops as opinfo
-from .op_stream import LAYER_OBSERVER, UNCOUNTED_OPS, OpCall, OpConsumer, OpInfo, op_stream
+from .op_stream import LAYER_OBSERVER, UNCOUNTED_OPS, OpCall, OpConsumer, OpInfo, op_stream, written_tensors
 from .optim_names import OptimizerParamNames
 from .flatten import flat_args, flat_outputs
 from .session import CaptureSession
@@ -120,7 +120,7 @@ class AtenCaptureMode(OpConsumer):
         if not self.collectives_only:
             s = self.session
             if info.writes:
-                s.note_writes(_written(args, kwargs, info.writes))
+                s.note_writes(written_tensors(args, kwargs, info.writes))
             if not s.busy:
                 u = s.uninit
                 if info.base in _UNINITIALIZED_RESULT:
@@ -173,7 +173,7 @@ class AtenCaptureMode(OpConsumer):
         ts.busy = getattr(ts, "busy", 0) + 1
         try:
             if writes:
-                written = _written(args, kwargs, writes)
+                written = written_tensors(args, kwargs, writes)
                 s.note_writes(written)
             elif base in _SAME_VALUES and args:
                 s.same_values(args[0], out, _SAME_VALUES[base])
@@ -193,24 +193,9 @@ class AtenCaptureMode(OpConsumer):
             s.note_outputs(rec.id, outs)
             if writes:
                 s.expect_version_bump(written if not any(w[2] for w in writes)
-                                      else _written(args, kwargs, writes, lists=False))
+                                      else written_tensors(args, kwargs, writes, lists=False))
             s.commit(rec)
         finally:
             s._busy = False
             ts.busy -= 1
         return out
-
-
-def _written(args: tuple, kwargs: dict, writes: tuple[tuple[int, str, bool], ...], lists: bool = True) -> list[Any]:
-    """The tensors in the written argument positions (lists of tensors flattened; left out
-    with ``lists=False``)."""
-    out: list[Any] = []
-    for i, name, is_list in writes:
-        if is_list and not lists:
-            continue
-        v = args[i] if i < len(args) else kwargs.get(name)
-        if isinstance(v, (list, tuple)):
-            out.extend(v)
-        elif v is not None:
-            out.append(v)
-    return out

@@ -416,13 +416,18 @@ class OpStream:
         else:
             out = chain[0].on_op(call, args, kwargs, _Next(chain, 1, call, func))
         if info.writes:
-            self.note_writes(_written(args, kwargs, info.writes))
+            self.note_writes(written_tensors(args, kwargs, info.writes))
         return out
 
 
-def _written(args: tuple, kwargs: dict, writes: tuple[tuple[int, str, bool], ...]) -> list[Any]:
+def written_tensors(args: tuple, kwargs: dict, writes: tuple[tuple[int, str, bool], ...],
+                    lists: bool = True) -> list[Any]:
+    """The tensors in the written argument positions (``OpInfo.writes``); tensor lists flattened,
+    or left out with ``lists=False``."""
     out: list[Any] = []
-    for i, name, _ in writes:
+    for i, name, is_list in writes:
+        if is_list and not lists:
+            continue
         v = args[i] if i < len(args) else kwargs.get(name)
         if isinstance(v, (list, tuple)):
             out.extend(v)
