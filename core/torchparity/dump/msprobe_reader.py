@@ -30,7 +30,7 @@ from .damage import Damage
 from .tensors import PtRef
 
 if TYPE_CHECKING:
-    from .reader import DumpUnit
+    from .units import DumpUnit
 
 _MODULE_RE = re.compile(r"^Module\.(?:(.*)\.)?([^.]+)\.(forward|backward|parameters_grad)(?:\.(\d+))?$")
 _API_RE = re.compile(r"^([A-Za-z0-9_]+)\.(.+)\.(\d+)\.(forward|backward)$")

@@ -26,6 +26,7 @@ from .columns import (  # noqa: F401 - re-exported: the reader's public names
 from .footer import kind_of as _kind, one_line as _one_line, read_footer  # noqa: F401
 from .damage import Damage, damage  # noqa: F401 - re-exported
 from .tensors import PtRef, TensorLoader, TensorRef  # noqa: F401 - re-exported
+from .units import DumpUnit  # noqa: F401 - re-exported
 
 log = logging.getLogger("torchparity")
 
@@ -39,16 +40,6 @@ _PROC_RE = re.compile(r"^proc(\d+)$")
 # ----------------------------------------------------------------------------------------------
 # dump discovery
 # ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class DumpUnit:
-    """One (step, rank) directory of a dump."""
-
-    step: int
-    rank: int
-    path: Path
-    format: str  # torchparity | msprobe
 
 
 @dataclass
