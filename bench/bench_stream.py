@@ -42,7 +42,7 @@ class LlamaBench(Syncs):
     """A ~100 M-parameter HF Llama (random init), same interface as :class:`_common.Bench`."""
 
     def __init__(self, device: str = "cpu", hidden: int = 768, layers: int = 8, seq: int = 128,
-                 batch: int = 1) -> None:
+                 batch: int = 1, dtype: torch.dtype = torch.float32) -> None:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         torch.manual_seed(0)
@@ -51,7 +51,8 @@ class LlamaBench(Syncs):
                                num_key_value_heads=hidden // 64, max_position_embeddings=seq,
                                attn_implementation="eager")
         self.device = torch.device(device)
-        self.model = LlamaForCausalLM(self.cfg).to(self.device)
+        self.model = LlamaForCausalLM(self.cfg).to(self.device, dtype)
+        self.dtype = dtype
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
         g = torch.Generator().manual_seed(1)
         self.ids = torch.randint(0, self.cfg.vocab_size, (batch, seq), generator=g).to(self.device)
@@ -70,7 +71,8 @@ class LlamaBench(Syncs):
         c = self.cfg
         return (f"HF LlamaForCausalLM (eager attention, random init) hidden={c.hidden_size} "
                 f"intermediate={c.intermediate_size} layers={c.num_hidden_layers} heads={c.num_attention_heads} "
-                f"vocab={c.vocab_size}, batch {self.batch}x{self.seq} tokens, {n / 1e6:.1f} M parameters, float32, "
+                f"vocab={c.vocab_size}, batch {self.batch}x{self.seq} tokens, {n / 1e6:.1f} M parameters, "
+                f"{str(self.dtype).replace('torch.', '')}, "
                 f"forward + cross-entropy + backward + AdamW, device {self.device}")
 
 
@@ -103,6 +105,30 @@ class _Tools:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _syncs_per_step(bench: Any, make: Any) -> str:
+    """Host synchronisations in one step with this configuration, counted by
+    ``torch.cuda.set_sync_debug_mode("warn")`` (n/a off CUDA)."""
+    if bench.device.type != "cuda":
+        return "n/a"
+    import warnings
+
+    ctx = make() if make is not None else contextlib.nullcontext()
+    with ctx:
+        bench.step()
+        bench.sync()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                bench.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        bench.sync()
+    if hasattr(ctx, "cleanup"):
+        ctx.cleanup()
+    return str(sum("synchroniz" in str(w.message) for w in caught))
+
+
 def _intercepted_per_step(bench: Any, make: Any) -> str:
     """Ops the op stream intercepted in one step with this configuration (n/a before the stream)."""
     try:
@@ -124,8 +150,11 @@ def _intercepted_per_step(bench: Any, make: Any) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  epilog="example: python bench/bench_stream.py --model bench --rounds 5")
-    ap.add_argument("--model", default="bench", choices=["bench", "llama100m", "quick"],
-                    help="bench (4 M TinyLlama, default), llama100m (HF Llama ~100 M), quick (smoke test)")
+    ap.add_argument("--model", default="bench", choices=["bench", "llama100m", "llama1b", "quick"],
+                    help="bench (4 M TinyLlama, default), llama100m (HF Llama ~100 M, batch 1x128), "
+                         "llama1b (HF Llama ~1 B, batch 1x1024: for a GPU), quick (smoke test)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="parameter dtype of the HF Llama models (default float32)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps after starting the tools (default 1)")
@@ -138,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "stream.md"),
                     help="results file (default bench/results/stream.md)")
     a = ap.parse_args(argv)
-    bench: Any = LlamaBench(a.device) if a.model == "llama100m" else Bench(a.device, quick=a.model == "quick")
+    dtype = getattr(torch, a.dtype)
+    if a.model == "llama100m":
+        bench: Any = LlamaBench(a.device, dtype=dtype)
+    elif a.model == "llama1b":
+        bench = LlamaBench(a.device, hidden=2048, layers=16, seq=1024, dtype=dtype)
+    else:
+        bench = Bench(a.device, quick=a.model == "quick")
     line = bench.line() if isinstance(bench, LlamaBench) else model_line(bench)
     root = tempfile.mkdtemp(prefix="tp-bench-stream-")
 
@@ -158,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res = time_configs(bench, configs, rounds=a.rounds, warmup=a.warmup, steps=a.steps)
         counts = {name: _intercepted_per_step(bench, make) for name, make in configs.items() if make is not None}
+        syncs = {name: _syncs_per_step(bench, make) for name, make in configs.items()}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     base = res["tool off"]
@@ -176,11 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         f"- Protocol: {a.rounds} interleaved rounds x ({a.warmup} warm-up + {a.steps} timed steps); median per-step "
         "time; ratio = median / tool-off median in the same process. Dumps at statistics mode unless named.",
         "",
-        "| configuration | ms/step (median) | ratio vs tool off | ops intercepted per step |",
-        "|---|---|---|---|",
+        "| configuration | ms/step (median) | ratio vs tool off | ops intercepted per step | host syncs per step |",
+        "|---|---|---|---|---|",
     ]
     for name, t in res.items():
-        lines.append(f"| {name} | {t.median * 1000:.1f} | {fmt_ratio(t, base)} | {counts.get(name, '-')} |")
+        lines.append(f"| {name} | {t.median * 1000:.1f} | {fmt_ratio(t, base)} | {counts.get(name, '-')} "
+                     f"| {syncs.get(name, '-')} |")
     together = [("dump aten + NaN/Inf", ["dump aten", "NaN/Inf screen"])]
     if a.online:
         together.append(("dump aten + NaN/Inf + online", ["dump aten", "NaN/Inf screen", "online compare"]))

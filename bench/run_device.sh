@@ -6,13 +6,23 @@
 #   PART=gpu: install, `torchparity plugins`, backend + tracker tests, gpu_checks, cuda benches
 #   PART=cpu: cProfile of the cuda dump/tracker, then the CPU benchmarks on the machine's 16 idle
 #             cores (no msprobe there: it is not installable offline)
+#   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
+#             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
+#             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
 set -u
 part=${1:-gpu}
 out=${2:-${OUT:-bench/results/device}}
 mkdir -p "$out"
 python -m pip install --no-deps --no-index -q --root-user-action=ignore dist/*.whl 2>&1 | tail -2
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
-if [ "$part" = gpu ]; then
+if [ "$part" = issue15 ]; then
+  python -m pytest -q -p no:cacheprovider tests/capture tests/online/test_naninf_stream.py \
+    tests/online/test_compare_stream.py 2>&1 | tail -5 | tee "$out/pytest_issue15.txt"
+  python bench/bench_stream.py --device cuda --model bench --rounds 5 --online --out "$out/stream_cuda.md" 2>&1 | grep -E '^\|'
+  python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --rounds 3 --levels module,aten \
+    --out "$out/stream_llama1b_cuda.md" 2>&1 | grep -E '^\|'
+  python bench/bench_naninf.py --device cuda --rounds 7 --out "$out/naninf_cuda.md" 2>&1 | tail -8
+elif [ "$part" = gpu ]; then
   echo '$ torchparity plugins'; python -m torchparity plugins 2>&1 | tee "$out/plugins.txt"; echo "exit ${PIPESTATUS[0]}"
   echo "$ pytest tests/backends tests/online/test_naninf.py"
   python -m pytest -q -p no:cacheprovider tests/backends tests/online/test_naninf.py 2>&1 | tail -15 | tee "$out/pytest.txt"
