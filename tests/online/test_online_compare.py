@@ -6,6 +6,7 @@ planted fault where a test needs one."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,19 @@ def test_backend_option_runs_the_model_on_the_emulated_device(tmp_path: Path, mo
         x.cos()
     assert c.emulated_dtype == torch.bfloat16
     assert [f.name for f in c.failures] == ["Aten.sin.0.forward"]
+
+
+def test_nan_the_reference_holds_too_is_information_not_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A NaN/Inf the reference computes as well (carried in, or a mask's -inf in fp16) is logged
+    as information; only the op that made it differ is a warning (a clean model with masks must
+    not fill the log with alarms)."""
+    x = torch.ones(4)
+    with caplog.at_level(logging.INFO, logger="torchparity"):
+        with emulate(faults=[Fault(op="mul", call=0, kind="nan", index=1)]):
+            with CompareWithReference():
+                y = x * 2
+                y + 1
+    levels = {r.getMessage().split(" (")[0]: r.levelno for r in caplog.records
+              if r.getMessage().startswith(("[torchparity:naninf]", "[torchparity:error]"))}
+    assert levels["[torchparity:naninf] Aten.add.0.forward"] == logging.INFO
+    assert any(k.startswith("[torchparity:error]") and v == logging.WARNING for k, v in levels.items())
