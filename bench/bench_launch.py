@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import DumpRun, Syncs, machine  # noqa: E402
 
-import torchparity  # noqa: E402,F401 (imported before timing starts)
+import torchparity  # noqa: E402
 
 #: (name, LlamaConfig kwargs, batch, seq)
 MODELS = {
@@ -128,6 +128,8 @@ def run_model(which: str, root: str, rounds: int, warmup: int, steps: int, devic
     bench = LlamaBench(which, device)
     counts: dict[str, list[float]] = {}
     configs: dict[str, Any] = {"off": None, "empty TorchDispatchMode": _EmptyMode}
+    if not only or "NaN/Inf screen" in only:
+        configs["NaN/Inf screen"] = lambda: torchparity.NanInfTracker(bench.model)
     for level, mode in DUMPS:
         name = f"{level} {mode}"
         if only and name not in only:
