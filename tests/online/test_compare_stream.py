@@ -199,14 +199,19 @@ def test_emulated_consumer_on_the_stream_is_detected(order: str) -> None:
     assert c.checked == 5 and c.failures == []
 
 
+class _StepWatch(OpConsumer):
+    """Remembers the stream's step ends."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def on_step_end(self, step: int) -> None:
+        self.seen.append(step)
+
+
 def test_step_ends_the_stream_step_for_every_consumer() -> None:
-    seen: list[int] = []
-
-    class Watch(OpConsumer):
-        def on_step_end(self, step: int) -> None:
-            seen.append(step)
-
-    model, w, s = _net(), Watch(), op_stream()
+    w, s = _StepWatch(), op_stream()
+    model, seen = _net(), w.seen
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with s.attached(w):
         with CompareWithReference(model=model) as c:
@@ -221,13 +226,8 @@ def test_step_ends_the_stream_step_for_every_consumer() -> None:
 def test_torch_musa_facade_steps_only_on_its_step_and_ends_no_empty_stream_step() -> None:
     from torchparity.compat.torch_musa import CompareWithCPU
 
-    seen: list[int] = []
-
-    class Watch(OpConsumer):
-        def on_step_end(self, step: int) -> None:
-            seen.append(step)
-
-    model, w, s = _net(), Watch(), op_stream()
+    w, s = _StepWatch(), op_stream()
+    model, seen = _net(), w.seen
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with s.attached(w):
         with CompareWithCPU(target_op=["torch.ops.aten.mm"]) as c:
