@@ -205,3 +205,17 @@ def test_norm_of_tiny_values_does_not_underflow(dtype: torch.dtype) -> None:
     ref = b.add(t)
     b.flush()
     assert ref is not None and ref.values()[3] == pytest.approx(want, rel=1e-6, abs=0)
+
+
+def test_norm_of_huge_float64_values_does_not_overflow() -> None:
+    """Squares of float64 values near 1e200 overflow float64: both paths scale first."""
+    from torchparity.capture.stats import host_stats
+
+    t = torch.linspace(0.5, 1.0, 64, dtype=torch.float64) * 1e200
+    want = 1e200 * torch.linalg.vector_norm(t / 1e200).item()
+    got = host_stats(t)
+    assert got is not None and got[3] == pytest.approx(want, rel=1e-12, abs=0)
+    b = StatBatcher()
+    ref = b.add(t)
+    b.flush()
+    assert ref is not None and ref.values()[3] == pytest.approx(want, rel=1e-12, abs=0)

@@ -197,15 +197,23 @@ class StatBatcher:
         mx = seg.reduce(x, "max")
         mn = seg.reduce(x, "min")
         # Sums in float64 where the device has it (the host path's accuracy or better: a float32
-        # sum of a long segment would drift by more than the judge's rounding allowance), of the
-        # values divided by an exact power of two near their largest magnitude (no overflow of
-        # squares or sums; frexp/ldexp, so float32's own maximum gives 2**127, never inf).
+        # sum of a long segment would drift by more than the judge's rounding allowance). Where
+        # squares could leave the accumulation dtype's range (float64 values; devices without
+        # float64), of the values divided by an exact power of two near their largest magnitude
+        # (frexp/ldexp, so float32's own maximum gives 2**127, never inf).
         acc = torch.float64 if device.type in _FLOAT64_DEVICES else x.dtype
-        amax = torch.maximum(mx.abs(), mn.abs()).to(acc)
-        ok = torch.isfinite(amax) & (amax > 0)
-        _, exp = torch.frexp(torch.where(ok, amax, torch.ones_like(amax)))
-        scale = torch.ldexp(torch.ones_like(amax), exp - 1)
-        y = x / torch.repeat_interleave(scale, lens, output_size=total)
+        if acc == torch.float64 and x.dtype == torch.float32:
+            # float32 staging summed in float64: squares of float32 values neither overflow nor
+            # underflow float64, so no scale is needed (one cast instead of a scale vector and a
+            # division over the staged bytes)
+            scale = torch.ones(k, dtype=acc, device=device)
+            y = x.to(acc)
+        else:
+            amax = torch.maximum(mx.abs(), mn.abs()).to(acc)
+            ok = torch.isfinite(amax) & (amax > 0)
+            _, exp = torch.frexp(torch.where(ok, amax, torch.ones_like(amax)))
+            scale = torch.ldexp(torch.ones_like(amax), exp - 1)
+            y = x / torch.repeat_interleave(scale, lens, output_size=total)
         total_sum = seg.reduce(y, "sum")
         sq = seg.reduce(y * y, "sum")
         nan = seg.reduce(torch.isnan(x).to(x.dtype), "sum")

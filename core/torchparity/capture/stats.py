@@ -126,6 +126,9 @@ def host_stats(t: torch.Tensor) -> list[float] | None:
         if not (math.isfinite(total) and math.isfinite(norm)):  # the sum or the squares overflowed
             total = t.sum(dtype=torch.float64).item()
             norm = torch.linalg.vector_norm(t, dtype=torch.float64).item()
+            if not math.isfinite(norm):  # float64 squares overflowed too (|values| ~1e155+): scale
+                amax = max(-lo, hi)
+                norm = amax * torch.linalg.vector_norm(t.double() / amax).item()
         elif 0.0 < max(-lo, hi) < _UNDERFLOW and dt != torch.float64:
             # squares of values this small underflow float32 (Adam's exp_avg_sq early on: ~1e-26
             # gives a norm of 0): take them in float64
