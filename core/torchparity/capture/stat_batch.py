@@ -200,7 +200,7 @@ class StatBatcher:
         # sum of a long segment would drift by more than the judge's rounding allowance). Where
         # squares could leave the accumulation dtype's range (float64 values; devices without
         # float64), of the values divided by an exact power of two near their largest magnitude
-        # (frexp/ldexp, so float32's own maximum gives 2**127, never inf).
+        # (frexp/exp2, so float32's own maximum gives 2**127, never inf).
         acc = torch.float64 if device.type in _FLOAT64_DEVICES else x.dtype
         if acc == torch.float64 and x.dtype == torch.float32:
             # float32 staging summed in float64: squares of float32 values neither overflow nor
@@ -212,7 +212,7 @@ class StatBatcher:
             amax = torch.maximum(mx.abs(), mn.abs()).to(acc)
             ok = torch.isfinite(amax) & (amax > 0)
             _, exp = torch.frexp(torch.where(ok, amax, torch.ones_like(amax)))
-            scale = torch.ldexp(torch.ones_like(amax), exp - 1)
+            scale = torch.exp2((exp - 1).to(acc))  # exact; torch.ldexp overflows its int power on torch 2.1
             y = x / torch.repeat_interleave(scale, lens, output_size=total)
         total_sum = seg.reduce(y, "sum")
         sq = seg.reduce(y * y, "sum")
