@@ -189,33 +189,35 @@ def test_dump_records_are_the_same_with_device_stats(tmp_path: Path, level: str)
     assert measured > 5
 
 
+def _norm_of_both_paths(t: torch.Tensor) -> tuple[float, float]:
+    """The norm from the host path and from the batched path."""
+    from torchparity.capture.stats import host_stats
+
+    got = host_stats(t)
+    b = StatBatcher()
+    ref = b.add(t)
+    b.flush()
+    assert got is not None and ref is not None
+    return got[3], ref.values()[3]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # float16 cannot hold such values
 def test_norm_of_tiny_values_does_not_underflow(dtype: torch.dtype) -> None:
     """Adam's second moment after its first step holds values ~1e-26 whose float32 squares are 0:
     the host path gave a norm of 0 while the batched path gave the true one (a false root cause
     when a device dump is compared with a CPU reference)."""
-    from torchparity.capture.stats import host_stats
-
     t = (torch.linspace(0.5, 1.0, 64) * 1e-26).to(dtype)
     assert t.abs().min() > 0
     want = torch.linalg.vector_norm(t.double()).item()
-    got = host_stats(t)
-    assert got is not None and got[3] == pytest.approx(want, rel=1e-6, abs=0)
-    b = StatBatcher()
-    ref = b.add(t)
-    b.flush()
-    assert ref is not None and ref.values()[3] == pytest.approx(want, rel=1e-6, abs=0)
+    host, batched = _norm_of_both_paths(t)
+    assert host == pytest.approx(want, rel=1e-6, abs=0)
+    assert batched == pytest.approx(want, rel=1e-6, abs=0)
 
 
 def test_norm_of_huge_float64_values_does_not_overflow() -> None:
     """Squares of float64 values near 1e200 overflow float64: both paths scale first."""
-    from torchparity.capture.stats import host_stats
-
     t = torch.linspace(0.5, 1.0, 64, dtype=torch.float64) * 1e200
     want = 1e200 * torch.linalg.vector_norm(t / 1e200).item()
-    got = host_stats(t)
-    assert got is not None and got[3] == pytest.approx(want, rel=1e-12, abs=0)
-    b = StatBatcher()
-    ref = b.add(t)
-    b.flush()
-    assert ref is not None and ref.values()[3] == pytest.approx(want, rel=1e-12, abs=0)
+    host, batched = _norm_of_both_paths(t)
+    assert host == pytest.approx(want, rel=1e-12, abs=0)
+    assert batched == pytest.approx(want, rel=1e-12, abs=0)
