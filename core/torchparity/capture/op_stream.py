@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import gc_quiet
 from . import ops as opinfo
 from .module_tracker import Frame, ModuleTracker, in_backward, tag_graph
 from .tool_state import tool_is_busy
@@ -288,8 +289,10 @@ class OpStream:
         if self._mode is None:
             self._mode = _StreamMode(self)
             self._mode.__enter__()
+        gc_quiet.hold()  # the collector skips the process's old heap while consumers capture
 
     def _stop(self) -> None:
+        gc_quiet.release()
         for h in self._hooks:
             h.remove()
         self._hooks = []

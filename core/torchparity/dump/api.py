@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..capture import gc_quiet
 from ..capture.api_mode import ApiCaptureMode
 from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
@@ -162,6 +163,8 @@ class Dumper:
         self.session = CaptureSession(o, self.writer, tracker)
         stack = ExitStack()
         try:
+            gc_quiet.hold()  # the collector skips the process's old heap while the dump runs
+            stack.callback(gc_quiet.release)
             if o.backend is not None:
                 # A device backend's context (the emulated device: a device-layer consumer of the
                 # op stream) is innermost in the stream's chain, so the dump sees what it computed.
