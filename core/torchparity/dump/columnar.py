@@ -127,9 +127,13 @@ def unit_tables(u: DumpUnit) -> tuple[dict[str, Any], dict[str, Any]]:
     ids, names, ops, levels, phases, modules, cis, fwds, stacks, cdt = cols.heads
     mcls, _steps, _ranks, flags = cols.xheads
     rec, io, arg, kind, dtype, shape, stride, rg, stats, md5, value, prod, files, keys = cols.cols
-    keep_rec = [i for i in range(cols.n_records) if i not in bad_full]
-    seq_of = {i: s for s, i in enumerate(keep_rec)}
-    rows = [j for j, i in enumerate(rec) if i not in bad_full]
+    if bad_full:
+        keep_rec = [i for i in range(cols.n_records) if i not in bad_full]
+        rows = [j for j, i in enumerate(rec) if i not in bad_full]
+        seq_of: Any = {i: s for s, i in enumerate(keep_rec)}
+    else:  # a clean dump (the usual case): every record and row, a record's seq is its index
+        keep_rec, rows, seq_of = list(range(cols.n_records)), list(range(len(rec))), None
+    seqs = np.asarray(rec if seq_of is None else [seq_of[rec[j]] for j in rows], dtype="int64")
 
     def pick(col: list[Any], at: list[int]) -> list[Any]:
         return [col[i] for i in at]
@@ -150,8 +154,7 @@ def unit_tables(u: DumpUnit) -> tuple[dict[str, Any], dict[str, Any]]:
         "fwd": pa.array(r_fwd, pa.int64()), "stack": pa.array(r_stack, pa.int64()),
         "compute_dtype": pa.array(pick(cdt, keep_rec), pa.string()),
         "collective": pa.array([type(f) is dict and bool(f.get("collective")) for f in pick(flags, keep_rec)]),
-        "tensors": pa.array(np.bincount([seq_of[rec[j]] for j in rows], minlength=len(keep_rec)).astype("int64")
-                            if rows else np.zeros(len(keep_rec), "int64")),
+        "tensors": pa.array(np.bincount(seqs, minlength=len(keep_rec)).astype("int64")),
         "flags": pa.array([_json_text(f) if f else None for f in pick(flags, keep_rec)], pa.string()),
     })
     t_rec = [rec[j] for j in rows]
@@ -171,13 +174,12 @@ def unit_tables(u: DumpUnit) -> tuple[dict[str, Any], dict[str, Any]]:
     shapes = [list(s) if s is not None else None for s in pick(shape, rows)]
     strides = [list(s) if s is not None else None for s in pick(stride, rows)]
     prods = [list(p) if type(p) is list and p else None for p in pick(prod, rows)]
-    for what, vals in (("shape", shapes), ("stride", strides), ("producer", prods)):
-        for v in vals:
-            if v is not None:
-                _check_ints(v, what)
+    for what, vals in (("shape", pick(shape, rows)), ("stride", pick(stride, rows)), ("producer", prods)):
+        for v in {tuple(v) for v in vals if v is not None}:  # shapes are shared: few distinct ones
+            _check_ints(list(v), what)
     rg_rows = pick(rg, rows)
     tensors_t = pa.table({
-        "seq": pa.array([seq_of[i] for i in t_rec], pa.int64()),
+        "seq": pa.array(seqs),
         "record_id": pa.array(_ints(ids)[t_rec] if t_rec else np.zeros(0, "int64")),
         "name": pa.array([names[i] for i in t_rec], pa.string()),
         "op": pa.array([ops[i] for i in t_rec], pa.string()),

@@ -103,3 +103,26 @@ def query(path: str | Path, sql: str) -> Any:
         raise UsageError(f"the query failed: {text[:400]} (tables: ops, tensors, modules; see docs/query.md)") from None
     finally:
         con.close()
+
+
+#: the documented queries (docs/query.md; timed by bench/bench_query.py)
+EXAMPLE_QUERIES: dict[str, str] = {
+    "largest max per module across ranks":
+        "SELECT module, max(max) AS largest, arg_max(rank, max) AS rank, arg_max(step, max) AS step "
+        "FROM modules WHERE module <> '' AND isfinite(max) GROUP BY module ORDER BY largest DESC LIMIT 5",
+    "first step with a NaN on any rank":
+        "SELECT step, rank, min(seq) AS first_seq, arg_min(name, seq) AS first_op, count(*) AS values_with_nan "
+        "FROM tensors WHERE nan > 0 GROUP BY step, rank ORDER BY step, first_seq, rank LIMIT 5",
+    "ranks whose loss differs":
+        "WITH loss AS (SELECT step, rank, mean AS loss FROM tensors WHERE op = 'torch.nn.functional.cross_entropy' "
+        "AND io = 'output' AND phase = 'forward'), usual AS (SELECT step, mode(loss) AS usual FROM loss GROUP BY step) "
+        "SELECT step, rank, loss, usual FROM loss JOIN usual USING (step) WHERE loss IS DISTINCT FROM usual "
+        "ORDER BY step, rank",
+    "first op whose output differs between ranks":
+        "SELECT step, name, arg, min(seq) AS seq, min(max) AS lowest_max, max(max) AS highest_max, "
+        "arg_max(rank, max) AS rank_of_highest FROM tensors WHERE io = 'output' "
+        "GROUP BY step, name, arg HAVING min(max) <> max(max) ORDER BY step, seq LIMIT 3",
+    "records per step across ranks":
+        "SELECT step, count(*) AS ranks, min(n) AS fewest_records, max(n) AS most_records "
+        "FROM (SELECT step, rank, count(*) AS n FROM ops GROUP BY step, rank) GROUP BY step ORDER BY step",
+}
