@@ -28,6 +28,8 @@ _LAZY = {
     "dump": "torchparity.dump.api:dump",
     "Dumper": "torchparity.dump.api:Dumper",
     "load_dump": "torchparity.dump.reader:load_dump",
+    "query": "torchparity.dump.query:query",
+    "compact": "torchparity.dump.compact:compact",
     "compare": "torchparity.compare.api:compare",
     "CompareWithReference": "torchparity.online.compare:CompareWithReference",
     "CompareWithCPU": "torchparity.online.compare:CompareWithReference",

@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grads": ("torchparity.cli.grads_cmd", "grads"),
     "graph": ("torchparity.cli.graph_cmd", "graph"),
     "info": ("torchparity.cli.info_cmd", "info"),
+    "compact": ("torchparity.cli.compact_cmd", "compact"),
+    "query": ("torchparity.cli.query_cmd", "query"),
 }
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2

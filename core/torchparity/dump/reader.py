@@ -421,6 +421,12 @@ def read_torchparity_unit(u: DumpUnit, warnings: list[str], compact: bool = Fals
     if not rec_path.is_file():
         warnings.append(Damage(f"{rel}: records.jsonl is missing: the rank wrote no records (dump stopped before the first flush?)"))
         return empty_frame()
+    if compact:  # the compare's columns from the Parquet summaries when present (dump/columnar.py)
+        from .columnar import read_compare_frame
+
+        df = read_compare_frame(u, warnings)
+        if df is not None:
+            return df
     # flattened chunk by chunk while the parsed dicts are fresh in the CPU cache
     cols = RecordColumns(full=not compact, step=u.step, rank=u.rank)
     n_records = _scan_records(rec_path, rel, warnings, cols.add)

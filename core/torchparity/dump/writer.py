@@ -43,6 +43,7 @@ import torch
 from ..records import FORMAT_NAME, FORMAT_VERSION, OpRecord, TensorEntry
 from ..capture.batch import Batch  # noqa: F401 (re-exported: the record batch lives with capture)
 from ..capture.host_copies import host_tensor, release_copies
+from . import columnar as _columnar
 
 log = logging.getLogger("torchparity")
 
@@ -123,6 +124,7 @@ def replace_previous_run(root: Path, rank: int) -> int:
     if not (root / "torchparity.json").is_file():
         return 0
     removed = 0
+    _columnar.remove_rank_summaries(root, rank)  # this rank's Parquet summaries go with its data
     for step_dir in root.iterdir():
         if not (step_dir.is_dir() and re.fullmatch(r"step\d+", step_dir.name)):
             continue
@@ -359,6 +361,8 @@ class DumpWriter:
             footer = {"complete": complete and error is None and dropped == 0 and not stopped, "records": rf.n_records,
                       "dropped_records": dropped, "tensor_bytes": rf.tensor_bytes,
                       "budget_exhausted": self.budget_exhausted, "dropped_tensors": rf.dropped_tensors}
+            # columnar summaries (dump/columnar.py): Parquet of this step/rank's records, off the training thread
+            footer.update(_columnar.footer_fields(self.root, rf.step, rf.rank, rf.dir, self.fsync))
             if error:
                 footer["error"] = error
             if stopped:

@@ -1,0 +1,36 @@
+"""``torchparity compact DIR``: write the Parquet summaries of a dump written without them."""
+
+from __future__ import annotations
+
+import click
+
+from . import EXIT_OK
+
+
+@click.command("compact")
+@click.argument("dump", type=click.Path(exists=False))
+@click.option("--force", is_flag=True, help="Rewrite summaries that are already up to date.")
+def compact(dump: str, force: bool) -> None:
+    """Write DUMP's columnar summaries (DUMP/summary/{ops,tensors,modules}/step=S/rank=R/part.parquet)
+    for every step and rank that lacks a current one, so that `torchparity query` can read them
+    and the compare reads statistics without parsing records.jsonl. Idempotent; records.jsonl is
+    left as it is (it stays the source of truth).
+
+    \b
+    Examples:
+      torchparity compact dumps/npu
+      torchparity query dumps/npu "SELECT count(*) FROM ops"
+    """
+    from ..dump.compact import compact as run_compact
+
+    rep = run_compact(dump, force=force)
+    rate = f", {rep.records / rep.seconds:,.0f} records/s" if rep.records and rep.seconds > 0 else ""
+    click.echo(f"{rep.path}: summaries written for {len(rep.written)} step/rank(s) ({rep.records} records, "
+               f"{rep.seconds:.2f} s{rate}), {len(rep.up_to_date)} already up to date")
+    for w in rep.skipped:
+        click.echo(f"  skipped: {w}")
+    for w in rep.failed:
+        click.echo(f"  not summarized (records.jsonl serves alone): {w}")
+    for w in rep.removed:
+        click.echo(f"  removed the summary of a step/rank the dump no longer holds: {w}")
+    raise SystemExit(EXIT_OK)

@@ -1,0 +1,92 @@
+"""``torchparity compact DIR``: write the Parquet summaries (:mod:`.columnar`) of a dump that has none.
+
+Idempotent: a (step, rank) whose summaries are present and were made from its current
+``records.jsonl`` is left as it is; a missing, stale, truncated or unreadable one is (re)written;
+summary partitions of a (step, rank) the dump no longer holds are removed. A damaged
+``records.jsonl`` is read as the reader reads it: what could be read is written, and the report
+says what was skipped.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import DumpError
+from . import columnar
+
+_PART_RE = re.compile(r"^step=(\d+)$")
+
+
+@dataclass
+class CompactReport:
+    """What :func:`compact` did.
+
+    :param written: ``stepS/rankR`` whose summaries were written now.
+    :param up_to_date: ``stepS/rankR`` whose summaries were already current (left as they are).
+    :param failed: ``stepS/rankR: why`` for units that got no summary (the JSONL serves alone).
+    :param skipped: what the reader could not read in a damaged ``records.jsonl`` (one line each).
+    :param removed: summary partitions of units the dump no longer holds, removed.
+    """
+
+    path: Path
+    written: list[str] = field(default_factory=list)
+    up_to_date: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    records: int = 0
+    seconds: float = 0.0
+
+
+def compact(path: str | Path, force: bool = False) -> CompactReport:
+    """Write the summaries of every torchparity (step, rank) of the dump at ``path`` (its root).
+
+    :param force: rewrite summaries that are already current.
+    :raises DumpError: ``path`` holds no dump, is not a dump root, or pyarrow is missing.
+    """
+    from .reader import open_dump
+
+    t0 = time.perf_counter()
+    reader = open_dump(path)
+    root = Path(path)
+    why = columnar.missing_pyarrow()
+    if why:
+        raise DumpError(f"cannot write summaries: {why}; install it (pip install pyarrow)")
+    units = [u for u in reader.units if u.format == "torchparity"]
+    if not units:
+        raise DumpError(f"{root} holds no torchparity dump (an msprobe dump has no summaries); nothing to compact")
+    if any(columnar.dump_root_of(u) != root for u in units):
+        raise DumpError(f"{root} is not a dump root (stepN/rankN directories below it); pass the dump's root directory")
+    rep = CompactReport(root)
+    for u in units:
+        rel = f"step{u.step}/rank{u.rank}"
+        if not force and columnar.summary_state(u)[0] == "ok":
+            rep.up_to_date.append(rel)
+            continue
+        if not (u.path / "records.jsonl").is_file():
+            rep.failed.append(f"{rel}: no records.jsonl")
+            continue
+        why = columnar.write_unit_summary(root, u)
+        if why is not None:
+            rep.failed.append(f"{rel}: {why}")
+            continue
+        rep.written.append(rel)
+        meta = columnar.read_meta(columnar.part_path(root, "ops", u.step, u.rank))
+        rep.records += int(meta.get("scanned", 0))
+        rep.skipped += [w for w, _ in meta["scan_warnings"] + meta["frame_warnings"]]
+    have = {(u.step, u.rank) for u in units}
+    for table in columnar.TABLES:
+        base = columnar.summary_root(root) / table
+        for d in sorted(base.glob("step=*/rank=*")) if base.is_dir() else []:
+            m, r = _PART_RE.match(d.parent.name), re.fullmatch(r"rank=(\d+)", d.name)
+            if m and r and (int(m.group(1)), int(r.group(1))) not in have:
+                shutil.rmtree(d, ignore_errors=True)
+                rep.removed.append(f"{table}/{d.parent.name}/{d.name}")
+    for tmp in columnar.summary_root(root).glob("*/step=*/rank=*/.*.tmp"):  # left by a killed writer
+        tmp.unlink(missing_ok=True)
+    rep.seconds = time.perf_counter() - t0
+    return rep

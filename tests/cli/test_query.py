@@ -1,0 +1,118 @@
+"""``torchparity query`` and ``torchparity compact``: SQL over every rank and step of a dump's
+Parquet summaries, CSV/JSON for scripts, one-line errors (exit 2) for bad SQL and missing or
+damaged summaries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow")
+pytest.importorskip("duckdb")
+
+
+
+def _synth(root: Path, steps: int = 2, ranks: int = 3, records: int = 5, nan_at: tuple[int, int] = (1, 2)) -> Path:
+    """A small JSONL dump written by hand (no summaries): ``records`` linear ops per step/rank,
+    the output max = 10*step + rank + id; one NaN output at ``nan_at`` (step, rank)."""
+    (root).mkdir(parents=True)
+    (root / "torchparity.json").write_text(json.dumps({"format": "torchparity-dump", "version": 1}))
+    for s in range(steps):
+        for r in range(ranks):
+            d = root / f"step{s}" / f"rank{r}"
+            d.mkdir(parents=True)
+            (d / "header.json").write_text(json.dumps({"step": s, "rank": r, "level": "api", "mode": "statistics"}))
+            lines = []
+            for i in range(records):
+                mx = float(10 * s + r + i)
+                nan = int((s, r) == nan_at and i == 2)
+                lines.append(json.dumps({
+                    "id": i, "name": f"Functional.linear.{i}.forward", "op": "torch.nn.functional.linear",
+                    "level": "api", "phase": "forward", "module": f"layers.{i % 2}", "call_index": i, "step": s,
+                    "rank": r, "fwd": None, "stack": None, "tensors": [
+                        {"io": "input", "arg": "0", "kind": "tensor", "dtype": "float32", "shape": [2, 4],
+                         "stride": [4, 1], "device": "cpu", "requires_grad": False,
+                         "stats": {"max": 1.0, "min": -1.0, "mean": 0.0, "norm": 2.0, "nan": 0, "inf": 0}},
+                        {"io": "output", "arg": "0", "kind": "tensor", "dtype": "float32", "shape": [2, 4],
+                         "stride": [4, 1], "device": "cpu", "requires_grad": False,
+                         "stats": {"max": "NaN" if nan else mx, "min": 0.0, "mean": 1.0, "norm": 3.0,
+                                   "nan": nan, "inf": 0}}]}))
+            (d / "records.jsonl").write_text("\n".join(lines) + "\n")
+            (d / "footer.json").write_text(json.dumps({"complete": True, "records": records}))
+    return root
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    """``torchparity ARGS`` in this process (the console entry point: exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from torchparity.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_query_without_summaries_says_to_compact(tmp_path: Path) -> None:
+    root = _synth(tmp_path / "d")
+    rc, out, err = _run("query", str(root), "SELECT 1")
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and f"torchparity compact {root}" in err and "Traceback" not in err
+
+
+def test_compact_then_query_every_rank_and_step(tmp_path: Path) -> None:
+    root = _synth(tmp_path / "d")
+    rc, out, err = _run("compact", str(root))
+    assert rc == 0 and "summaries written for 6 step/rank(s) (30 records" in out, out + err
+    rc, out, _ = _run("compact", str(root))
+    assert rc == 0 and "written for 0 step/rank(s)" in out and "6 already up to date" in out
+    rc, out, err = _run("query", str(root), "SELECT step, rank, count(*) AS n FROM ops GROUP BY ALL ORDER BY ALL",
+                        "--format", "csv")
+    assert rc == 0, err
+    assert out.splitlines() == ["step,rank,n"] + [f"{s},{r},5" for s in range(2) for r in range(3)]
+    # first step with a NaN on any rank, and where
+    rc, out, _ = _run("query", str(root), "SELECT step, rank, name FROM tensors WHERE nan > 0 ORDER BY step, rank, seq",
+                      "--format", "json")
+    assert rc == 0 and [json.loads(x) for x in out.splitlines()] == [
+        {"step": 1, "rank": 2, "name": "Functional.linear.2.forward"}]
+    # largest max per module across ranks (modules view)
+    rc, out, _ = _run("query", str(root), "SELECT module, max(max) AS m, arg_max(rank, max) AS r FROM modules "
+                      "WHERE nan = 0 GROUP BY module ORDER BY module", "--format", "csv")
+    assert out.splitlines() == ["module,m,r", "layers.0,15.0,1", "layers.1,15.0,2"]
+    rc, out, _ = _run("query", str(root), "SELECT count(*) AS n FROM tensors")
+    assert rc == 0 and out.split() == ["n", "60"]
+
+
+def test_bad_sql_and_damaged_summary_are_one_line_errors(tmp_path: Path) -> None:
+    root = _synth(tmp_path / "d", steps=1, ranks=2)
+    assert _run("compact", str(root))[0] == 0
+    rc, out, err = _run("query", str(root), "SELEC * FROM ops")
+    assert rc == 2 and err.count("\n") == 1 and "syntax error" in err and "Traceback" not in err
+    rc, out, err = _run("query", str(root), "SELECT * FROM nope")
+    assert rc == 2 and err.count("\n") == 1 and "tables: ops, tensors, modules" in err
+    part = root / "summary/tensors/step=0/rank=1/part.parquet"
+    part.write_bytes(part.read_bytes()[:40])
+    rc, out, err = _run("query", str(root), "SELECT count(*) FROM tensors")
+    assert rc == 2 and err.count("\n") == 1 and f"torchparity compact {root}" in err and "Traceback" not in err
+    rc, out, err = _run("compact", str(root))  # compact sees the damaged summary and rewrites it
+    assert rc == 0 and "written for 1 step/rank(s)" in out
+    rc, out, _ = _run("query", str(root), "SELECT count(*) AS n FROM tensors", "--format", "csv")
+    assert out.split() == ["n", "20"]
+
+
+def test_python_api_returns_a_dataframe(tmp_path: Path) -> None:
+    import torchparity
+
+    root = _synth(tmp_path / "d", steps=1, ranks=2)
+    rep = torchparity.compact(root)
+    assert sorted(rep.written) == ["step0/rank0", "step0/rank1"]
+    df = torchparity.query(root, "SELECT rank, sum(tensors) AS t FROM ops GROUP BY rank ORDER BY rank")
+    assert df.to_dict("list") == {"rank": [0, 1], "t": [10, 10]}
