@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grads": ("torchparity.cli.grads_cmd", "grads"),
     "graph": ("torchparity.cli.graph_cmd", "graph"),
     "info": ("torchparity.cli.info_cmd", "info"),
+    "replicas": ("torchparity.cli.replicas_cmd", "replicas"),
 }
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
