@@ -62,7 +62,8 @@ def replicas(dump_dir: str, output_dir: str | None, top: int) -> int:
                f"{rep.compared} comparisons ({describe_source(rep.source)})")
     for note in rep.notes:
         click.echo(f"torchparity: note: {note}", err=True)
-    for m in rep.missing:
+    # without a disagreement the first gap becomes the one-line error below: not told twice
+    for m in rep.missing[0 if rep.findings else 1:]:
         click.echo(f"torchparity: not compared: {m}", err=True)
     if rep.first is None:
         click.echo("replicas agree" + (" in everything compared" if rep.missing else ""))
@@ -70,7 +71,8 @@ def replicas(dump_dir: str, output_dir: str | None, top: int) -> int:
         f = rep.first
         who = f"rank {f.ranks[0]}" if len(f.ranks) == 1 and not f.no_majority else \
             "no majority (ranks " + ",".join(map(str, f.ranks)) + ")"
-        click.echo(f"first disagreement: step {f.step}, parameter {f.name}, {who}")
+        what = "tensor" if f.kind == "optimizer" else "parameter"
+        click.echo(f"first disagreement: step {f.step}, {what} {f.name}, {who}")
         click.echo(f"  {f.describe()}")
         rest = rep.findings[1:]
         if rest:
