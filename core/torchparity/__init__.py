@@ -36,6 +36,8 @@ _LAZY = {
     "NanInfTracker": "torchparity.online.naninf:NanInfTracker",
     "replay": "torchparity.online.replay:replay",
     "GradMonitor": "torchparity.gradients.monitor:GradMonitor",
+    "ReplicaCheck": "torchparity.replicas.online:ReplicaCheck",
+    "check_replicas": "torchparity.replicas.offline:check_replicas",
     "get_registry": "torchparity.plugins:get_registry",
     "op_stream": "torchparity.capture.op_stream:op_stream",
     "OpConsumer": "torchparity.capture.op_stream:OpConsumer",

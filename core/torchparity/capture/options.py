@@ -53,6 +53,9 @@ class DumpOptions:
     # step records the light tier instead of nothing
     every: int | None = None  # full capture on steps 0, N, 2N, ... (None = every step)
     light: str | None = None  # between full steps: "module" = module records, statistics only (None = nothing)
+    # record each parameter's gradient hash (after the all-reduce) and parameter hash (after the
+    # step) per rank in DIR/replicas/, for `torchparity replicas DIR` (docs/replicas.md)
+    replica_check: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):
@@ -84,6 +87,8 @@ class DumpOptions:
         if not isinstance(self.device_stats, bool):
             raise UsageError(f"device_stats must be true or false (got {self.device_stats!r}); it measures CPU "
                              f"tensors through the batched accelerator path")
+        if not isinstance(self.replica_check, bool):
+            raise UsageError(f"replica_check must be true or false (got {self.replica_check!r})")
         if self.stack is None:
             self.stack = self.level != "aten"
         self._check_schedule()

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("torchparity.cli.info_cmd", "info"),
     "compact": ("torchparity.cli.compact_cmd", "compact"),
     "query": ("torchparity.cli.query_cmd", "query"),
+    "replicas": ("torchparity.cli.replicas_cmd", "replicas"),
 }
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2

@@ -189,6 +189,8 @@ class Dumper:
             if "api" in o.levels:
                 self._api_mode = ApiCaptureMode(self.session)
                 stack.enter_context(self._api_mode)
+            if o.replica_check:  # per-parameter replica hashes (torchparity.replicas.recorder)
+                stack.enter_context(self._replica_recorder())
             # installed plugins' consumers of the op stream, for the dump's lifetime
             for consumer in _plugin_consumers(o):
                 stack.enter_context(op_stream().attached(consumer, self.model))
@@ -242,6 +244,15 @@ class Dumper:
                 self._api_mode.flush_backward()
             finally:
                 self.session.busy = prev
+
+    def _replica_recorder(self) -> Any:
+        """The dump option ``replica_check``: hashes of each parameter and gradient per step."""
+        from ..replicas.recorder import ReplicaRecorder
+
+        o = self.options
+        return ReplicaRecorder(o.path, current_rank(), self.model, lambda: self.current_step,
+                               wanted=lambda s: o.tier(s) is not None and (o.ranks is None or current_rank() in o.ranks),
+                               fsync=o.fsync)
 
     # ---- optimizer hooks ---------------------------------------------------------------------
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
