@@ -11,6 +11,7 @@ import torch
 
 from torchparity.cli import main
 from torchparity.replicas import ALGORITHM, check_replicas, tensor_hash, vote
+from torchparity.replicas import hashing
 from torchparity.replicas.hashing import BLOCK
 
 
@@ -18,7 +19,16 @@ def _h(t: torch.Tensor) -> int:
     return int(tensor_hash(t))
 
 
-def test_hash_changes_with_one_ulp_anywhere_and_is_bitwise() -> None:
+@pytest.fixture(params=["cpu-xxh3", "device-weighted-sum"])
+def hash_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both hashes: XXH3 of the bytes (CPU tensors) and the weighted int64 sum (other devices,
+    forced here on the CPU by taking XXH3 away)."""
+    if request.param == "device-weighted-sum":
+        monkeypatch.setattr(hashing, "_xxh3_int", None)
+    return request.param
+
+
+def test_hash_changes_with_one_ulp_anywhere_and_is_bitwise(hash_path: str) -> None:
     x = torch.randn(BLOCK + 1000)  # crosses a weight block: the tail and the block sums both count
     base = _h(x)
     for i in (0, 17, BLOCK - 1, BLOCK, BLOCK + 999):

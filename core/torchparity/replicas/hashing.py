@@ -14,6 +14,12 @@ changed elements cancel only with probability about 2**-64 (the weights are pseu
 Weights are cached per device for a block of :data:`BLOCK` positions; a longer tensor is hashed
 block by block and the block sums are weighted by a second splitmix64 sequence, so memory for
 weights is bounded (8 MiB per device) whatever the model size.
+
+A tensor on the CPU is hashed by XXH3-64 of its raw bytes instead (seeded with the dtype and shape),
+in place: ~10 GB/s against ~0.1 GB/s for the weighted sum's three int64 passes there (the bench
+model's 4 M parameters and gradients: ~125 ms per step before, a few ms after). The replicas of a
+data-parallel group live on one kind of device, so each group compares hashes of one kind; the
+dump records which (``algorithm``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,13 @@ from typing import Iterable, Optional
 
 import torch
 
+try:  # a core dependency; the weighted sum below stands in without it
+    from xxhash import xxh3_64_intdigest as _xxh3_int
+except ImportError:  # pragma: no cover
+    _xxh3_int = None
+
 #: hash algorithm name written next to the hashes (a reader refuses hashes of another algorithm)
-ALGORITHM = "tp-bits64-v1"
+ALGORITHM = "tp-bits64-v2"
 BLOCK = 1 << 20
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -82,6 +93,8 @@ def tensor_hash(t: torch.Tensor) -> torch.Tensor:
 
     The dtype and shape are mixed in, so a reshaped or re-typed tensor with the same bits
     hashes differently."""
+    if _xxh3_int is not None and t.device.type == "cpu" and not hasattr(t, "to_local"):
+        return torch.tensor(_cpu_hash(t), dtype=torch.int64)
     bits = _as_int64(t)
     n = bits.numel()
     dev = bits.device
@@ -96,6 +109,18 @@ def tensor_hash(t: torch.Tensor) -> torch.Tensor:
             h = h + tail * splitmix64(torch.tensor(blocks.numel(), dtype=torch.int64, device=dev), 1)
     meta = hash_meta(t)
     return h * _GOLDEN + meta
+
+
+def _cpu_hash(t: torch.Tensor) -> int:
+    """XXH3-64 of a CPU tensor's bytes (row-major), seeded with its dtype and shape, as a signed int64."""
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    flat = t.detach().reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    raw = flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)
+    h = _xxh3_int(raw.numpy(), seed=hash_meta(t))
+    return h - (1 << 64) if h >= (1 << 63) else h
 
 
 def hash_meta(t: torch.Tensor) -> int:
