@@ -11,7 +11,9 @@ Under a launcher (torchrun: ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``; SLURM's sru
 the plan; each worker compares its slice one shard at a time (memory bounded by one shard, never
 the job); the small per-shard summaries are gathered on worker 0 over gloo as JSON bytes in
 ``uint8`` tensors (nothing is pickled), and worker 0 writes one report
-(:mod:`.job_report`). Every worker exits with worker 0's exit code.
+(:mod:`.job_report`). Worker 0 exits with the job's code (0 agree, 1 divergence, 2 not everything
+compared), which torchrun and srun report as the job's; the others exit 0 once their part is
+gathered (exiting non-zero first would make torchrun kill worker 0 before it wrote the report).
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def compare_job(device_dump: str | os.PathLike[str], bench_dump: str | os.PathLi
         results = _local(plan, opts, workers)
     else:
         got = _distributed(env, str(device_dump), str(bench_dump), step, rank, opts, t0)
-        if isinstance(got, int):  # not the leader: the leader's exit code
+        if isinstance(got, int):  # not the leader: its part is done (0), or the plan failed (leader says why)
             return JobResult({"exit_code": got}, leader=False)
         plan, results = got
     job = _merge(plan, results, t0)
@@ -203,8 +205,7 @@ def _local(plan: ShardPlan, opts: ShardOptions, workers: int | None) -> list[Sha
 
 def _distributed(env: dict[str, Any], dev: str, ben: str, step: int | None, rank: int | None,
                  opts: ShardOptions, t0: float) -> tuple[ShardPlan, list[ShardResult]] | int:
-    """This worker's part; worker 0 gets (plan, every result), the others worker 0's exit code
-    (broadcast before the group is torn down, so srun/torchrun see one status from every worker)."""
+    """This worker's part; worker 0 gets (plan, every result), the others their exit code (0)."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -228,13 +229,13 @@ def _distributed(env: dict[str, Any], dev: str, ben: str, step: int | None, rank
         if "error" in msg:
             if me == 0:
                 raise TorchparityError(msg["error"])
-            return int(msg.get("exit_code", 2))  # the leader prints the one-line error
+            return 0  # the leader prints the one-line error and exits 2
         plan = ShardPlan.from_dict(msg["plan"])
         mine = [compare_shard(plan.device_dump, plan.bench_dump, s, r, opts) for s, r in msg["slices"][me]]
         gathered = gather_json([x.to_dict() for x in mine])
-        results = [ShardResult.from_dict(d) for part in gathered for d in part] if gathered is not None else []
-        code = broadcast_json(_merge(plan, results, t0).exit_code if me == 0 else None)
-        return (plan, results) if me == 0 else int(code)
+        if gathered is None:
+            return 0
+        return plan, [ShardResult.from_dict(d) for part in gathered for d in part]
     finally:
         if own:
             dist.destroy_process_group()
