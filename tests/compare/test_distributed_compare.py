@@ -182,3 +182,10 @@ def test_torchrun_two_workers(planted: tuple[Path, Path], tmp_path: Path) -> Non
     assert len(s["workers"]) == 2 and sum(w["shards"] for w in s["workers"]) == 8
     assert p.returncode != 0  # the divergence's exit code 1 reaches the launcher
     assert (tmp_path / "out" / "job_report.md").is_file()
+
+
+def test_one_process_launcher_still_gives_the_job_report(planted: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    code, out = run_cli(["compare", str(planted[0]), str(planted[1]), "-j", "1"])
+    assert code == 1 and "first divergence: step 1 rank 2 op aten.silu.default" in out

@@ -80,9 +80,9 @@ def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: s
     says what was read and what to do).
     """
     from ..compare.api import compare as run_compare
-    from ..compare.distributed import launcher_env
+    from ..compare.distributed import launched
 
-    if distributed or launcher_env() is not None:  # the job engine: compare/distributed.py
+    if distributed or launched():  # the job engine: compare/distributed.py
         from .compare_job import run_job
 
         return run_job(ctx, device_dump, bench_dump, output_dir, step=step, rank=rank, formats=formats,

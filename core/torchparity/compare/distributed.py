@@ -93,6 +93,13 @@ def launcher_env(env: dict[str, str] | None = None) -> dict[str, Any] | None:
     return None
 
 
+def launched(env: dict[str, str] | None = None) -> bool:
+    """True when torchrun or srun started this process, even as the only worker (then the job
+    compare runs locally: a launcher means a job, whose report is the job report)."""
+    env = os.environ if env is None else env
+    return ("RANK" in env and "WORLD_SIZE" in env) or ("SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env)
+
+
 # ------------------------------------------------------------------------------------------------
 # gloo transport: JSON bytes in uint8 tensors
 # ------------------------------------------------------------------------------------------------
