@@ -40,10 +40,15 @@ from .validate import INDEX, WORKERS, amplification, output_dir as writable_dir
               help="Tensor mode: replay up to N suspect ops alone on their recorded device inputs in float64 "
                    "to confirm or clear them (0: off).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary and root cause as JSON on stdout.")
+@click.option("--distributed", is_flag=True,
+              help="Compare shard by shard ((step, rank) pairs, -j workers in a local pool) and write one job "
+                   "report: the first diverging (step, rank, op) and a per-rank table. Automatic under torchrun "
+                   "or srun (one worker per process). See docs/distributed-compare.md.")
 @click.pass_context
 def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: str | None, step: int | None,
             rank: int | None, formats: str | None, layer_mapping: str | None, plugins_file: str | None, threshold: float,
-            tolerance_dtype: str | None, workers: int | None, allow_partial: bool, replay: int, as_json: bool) -> int:
+            tolerance_dtype: str | None, workers: int | None, allow_partial: bool, replay: int, as_json: bool,
+            distributed: bool) -> int:
     """Compare DEVICE_DUMP with BENCH_DUMP and name the op where they start to diverge.
 
     \b
@@ -75,7 +80,15 @@ def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: s
     says what was read and what to do).
     """
     from ..compare.api import compare as run_compare
+    from ..compare.distributed import launched
 
+    if distributed or launched():  # the job engine: compare/distributed.py
+        from .compare_job import run_job
+
+        return run_job(ctx, device_dump, bench_dump, output_dir, step=step, rank=rank, formats=formats,
+                       layer_mapping=layer_mapping, plugins_file=plugins_file, threshold=threshold,
+                       tolerance_dtype=tolerance_dtype, workers=workers, allow_partial=allow_partial, replay=replay,
+                       as_json=as_json)
     if plugins_file is not None:
         from ..plugins import get_registry
 
