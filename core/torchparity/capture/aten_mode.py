@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import ops as opinfo
+from .collectives import collective_flags
 from .op_stream import LAYER_OBSERVER, UNCOUNTED_OPS, OpCall, OpConsumer, OpInfo, op_stream, written_tensors
 from .optim_names import OptimizerParamNames
 from .flatten import flat_args, flat_outputs
@@ -153,6 +154,8 @@ class AtenCaptureMode(OpConsumer):
             node = tag.get("node")
             if node:
                 flags["node"] = node
+        if info.collective:  # distdump: the process group and peer (capture/collectives.py)
+            flags.update(collective_flags(info.func, args, kwargs))
         rec = s.new_record(prefix=info.prefix, base=base, op=op, level="aten", phase=phase, module=module,
                            module_class=module_class, fwd=fwd, flags=flags)
         if rec is None:
