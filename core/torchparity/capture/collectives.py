@@ -52,6 +52,29 @@ class _Schema:
     ranks: tuple[tuple[int, str, str, str | None], ...]  #: (position, arg name, flag, direction)
 
 
+class _EveryOutput(dict):
+    """``no_values`` for every result of an op (the session asks ``arg in no_values`` and
+    ``no_values.get(arg, ...)``)."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __bool__(self) -> bool:  # empty, yet it holds every key
+        return True
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return ASYNC_REASON
+
+
+ASYNC_REASON = "asynchronous collective: written when its Work completes (its consumers record the result)"
+#: the results of a collective op are not measured: a c10d op returns before the transfer is done
+#: (gloo's worker thread, NCCL's stream), so its result read then is whatever the buffer held at
+#: that instant. Its inputs (this rank's contribution) are measured; the ops reading the result
+#: after ``wait()`` record it, re-measured (the op's written arguments are noted as written).
+ASYNC_RESULTS: dict[str, str] = _EveryOutput()
+#: collective-namespace ops whose result is final when they return
+SYNC_COLLECTIVES = frozenset({"wait_tensor"})
+
 _SCHEMAS: dict[int, _Schema] = {}
 _GROUPS: dict[Any, GroupInfo] = {}  # id(ProcessGroup) or group name -> its info
 _KEEP: list[Any] = []  # the ProcessGroups keyed by id() above, kept alive so that no id is reused
