@@ -100,6 +100,7 @@ def _check_world(dump: Path, world: int, groups: Callable[[int], list[list[int]]
         assert (w["world_size"], w["rank"], w["backend"], w["initialized"]) == (world, r, "gloo", True)
         assert w["node"]
         seen = {tuple(g["ranks"]) for g in w["groups"].values()}
+        assert all(r in g["ranks"] and name for name, g in w["groups"].items())  # its own groups only
         assert tuple(range(world)) in seen  # the default group
         for ranks in groups(r) if groups else []:
             assert tuple(ranks) in seen, (ranks, w["groups"])

@@ -38,15 +38,17 @@ def _groups() -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            me = dist.get_rank()
+            me = current_rank()
             for pg in list(dist.distributed_c10d._world.pg_group_ranks):
                 info = group_info(pg)
                 if info is not None and info.name and me in info.ranks:  # not the groups of other ranks
                     groups[info.name] = _describe(info)
     except Exception:  # an internal torch moved: the groups used by collectives still count
         pass
+    me = current_rank()
     for name, info in known_groups().items():
-        groups.setdefault(name, _describe(info))
+        if name and me in info.ranks:  # group_info() above also cached the groups of other ranks
+            groups.setdefault(name, _describe(info))
     mesh = {g["mesh_dim"]: g["size"] for g in groups.values() if g.get("mesh_dim")}
     return dict(sorted(groups.items(), key=lambda kv: (len(kv[0]), kv[0]))), mesh
 
