@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import ops as opinfo
+from .collectives import ASYNC_RESULTS, SYNC_COLLECTIVES, collective_flags
 from .op_stream import LAYER_OBSERVER, UNCOUNTED_OPS, OpCall, OpConsumer, OpInfo, op_stream, written_tensors
 from .optim_names import OptimizerParamNames
 from .flatten import flat_args, flat_outputs
@@ -64,6 +65,8 @@ def _dump_info(info: OpInfo) -> _DumpInfo:
     factory = base in _UNINITIALIZED_RESULT
     no_out = dict.fromkeys(_ALL_OUTPUTS, _WHY_UNINIT) if factory else {}
     no_out.update({str(i): _WHY_WORKSPACE for i in opinfo.workspace_outputs(func)})
+    if info.collective and base not in SYNC_COLLECTIVES:  # distdump: results land when the Work completes
+        no_out = ASYNC_RESULTS
     flags = {k: True for k, on in (("inplace", info.inplace), ("collective", info.collective), ("view", info.view),
                                    ("random", info.random)) if on}
     return _DumpInfo(factory, no_in, no_out, flags)
@@ -153,6 +156,8 @@ class AtenCaptureMode(OpConsumer):
             node = tag.get("node")
             if node:
                 flags["node"] = node
+        if info.collective:  # distdump: the process group and peer (capture/collectives.py)
+            flags.update(collective_flags(info.func, args, kwargs))
         rec = s.new_record(prefix=info.prefix, base=base, op=op, level="aten", phase=phase, module=module,
                            module_class=module_class, fwd=fwd, flags=flags)
         if rec is None:

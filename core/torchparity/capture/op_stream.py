@@ -434,6 +434,8 @@ def written_tensors(args: tuple, kwargs: dict, writes: tuple[tuple[int, str, boo
         v = args[i] if i < len(args) else kwargs.get(name)
         if isinstance(v, (list, tuple)):
             out.extend(v)
+            if v and isinstance(v[0], (list, tuple)):  # distdump: c10d's Tensor[][] outputs (allgather_)
+                out[len(out) - len(v):] = [t for x in v for t in x]
         elif v is not None:
             out.append(v)
     return out

@@ -10,6 +10,11 @@ from typing import Any
 import torch
 
 COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor"})
+#: the arguments ``c10d`` ops write into (their schemas carry no alias annotation: ``allreduce_``
+#: reduces ``tensors`` in place, ``recv_`` fills them, ``_allgather_base_`` fills ``output_tensor``)
+C10D_WRITTEN_ARGS = frozenset({"tensors", "output_tensors", "output_tensor", "output", "outputs", "output_lists"})
+#: ``c10d`` ops whose ``tensors`` are only read
+C10D_READ_ONLY = frozenset({"send", "barrier", "monitored_barrier_", "check_for_nan"})
 #: ops whose result is uninitialised memory or pure metadata: never judged numerically
 UNINITIALISED_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "set_", "resize_"})
 #: outputs that are a fused kernel's opaque scratch memory (workspace / reserve space), by op:
@@ -66,9 +71,10 @@ def written_args(func: Any) -> tuple[tuple[int, str, bool], ...]:
     if schema is None:
         return ()
     out = []
+    c10d = namespace(func) == "c10d" and base_name(func) not in C10D_READ_ONLY
     for i, a in enumerate(schema.arguments):
         info = a.alias_info
-        if info is not None and info.is_write:
+        if info is not None and info.is_write or c10d and a.name in C10D_WRITTEN_ARGS:
             out.append((i, a.name, isinstance(a.type, torch.ListType)))
     return tuple(out)
 

@@ -30,6 +30,7 @@ from .measure_reuse import MeasurementReuse
 from .ranks import _distributed, current_rank, world_size  # noqa: F401 (re-exported)
 from .tensor_memo import TensorMemo  # noqa: F401 (re-exported)
 from .uninit import UninitStorages
+from .collectives import Parameter, is_dtensor, local_value  # distdump: DTensors measured as their local shard
 
 _SCALAR_TYPES = (int, float, bool, str, type(None))
 _NO_MODULE: tuple[str, None, None, None] = ("", None, None, None)
@@ -360,6 +361,9 @@ class CaptureSession(MeasurementReuse):
         A remembered measurement is ``(stats, checksum, saved key, shape of the saved copy)``;
         the checksum and saved copy are left out (None) when the value was reached through a
         permuting view (transpose), whose row-major bytes differ from its base's."""
+        if v.__class__ is not Tensor and v.__class__ is not Parameter and is_dtensor(v):  # distdump: a DTensor
+            v = local_value(v)  # is measured as the shard this rank holds (capture/collectives.py)
+            e.shape, e.stride = v.shape, v.stride()
         o = self.options
         hit = None
         if self.reuse_stats:  # _lookup(), inlined: asked for every value

@@ -36,6 +36,7 @@ from ..errors import UsageError
 from ..records import FORMAT_NAME, FORMAT_VERSION
 from .options import DumpOptions, check_output_dir, load_options_file
 from .writer import DumpWriter
+from .world import complete_headers, start_layout  # distdump
 
 log = logging.getLogger("torchparity")
 _ACTIVE: "weakref.WeakSet[Dumper]" = weakref.WeakSet()
@@ -133,6 +134,7 @@ class Dumper:
         self._api_mode: ApiCaptureMode | None = None
         self._opt_hooks: list[Any] = []
         self._first_optimizer: int | None = None
+        self._world: dict[str, Any] = {}  # distdump: the world layout written at start
 
     @property
     def path(self) -> str:
@@ -152,6 +154,7 @@ class Dumper:
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
                   "level": o.level, "mode": o.mode, "checksum": CHECKSUM_ALGORITHM if o.mode == "md5" else None, "world_size": world_size(),
                   "backend": _describe_device(o.backend), "config": o.to_json()}
+        header["world"] = self._world = start_layout()  # distdump: the job's layout (dump/world.py)
         if o.scheduled:
             header["schedule"] = {"steps": o.steps, "every": o.every, "light": o.light}
         self.writer = DumpWriter(o.path, header, fsync=o.fsync, max_bytes=o.max_bytes, rank=current_rank(),
@@ -218,6 +221,7 @@ class Dumper:
                 self.session.flush()
             if self.writer is not None:
                 self.writer.close()  # a write error was told once, by the writer
+                complete_headers(self.writer.root, current_rank(), self._world)  # distdump: groups made later
             _ACTIVE.discard(self)
 
     def step(self) -> None:

@@ -104,7 +104,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    # a name of its own per process and thread: the ranks of a job write the same torchparity.json
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(data, indent=1, allow_nan=False), encoding="utf-8")
     os.replace(tmp, path)
 
