@@ -386,7 +386,9 @@ def test_dumping_again_into_the_same_directory_replaces_the_earlier_run(tmp_path
     with caplog.at_level("WARNING", logger="torchparity"):
         run(2)  # shorter: no stale step2 may remain
     assert "replaced by this run" in caplog.text
-    assert sorted(x.name for x in (tmp_path / "d").iterdir() if x.is_dir()) == ["step0", "step1"]
+    assert sorted(x.name for x in (tmp_path / "d").iterdir() if x.is_dir()) == ["step0", "step1", "summary"]
+    # the earlier run's Parquet summaries of its step 2 went with it
+    assert not list((tmp_path / "d" / "summary").glob("*/step=2/*/*.parquet")), "a stale summary of the replaced run"
     recs = read_records(tmp_path / "d")
     assert len({r["id"] for r in recs}) == len(recs)
     footer = json.loads((tmp_path / "d" / "step0" / "rank0" / "footer.json").read_text())
