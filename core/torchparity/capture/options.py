@@ -90,7 +90,8 @@ class DumpOptions:
         if not isinstance(self.replica_check, bool):
             raise UsageError(f"replica_check must be true or false (got {self.replica_check!r})")
         if self.summaries not in ("step", "close", "off"):
-            raise UsageError(f"summaries must be step, close or off (when the Parquet summaries are written; got {self.summaries!r})")
+            raise UsageError(f"summaries must be step, close or off (when the Parquet summaries are written; "
+                             f"got {self.summaries!r})")
         if self.stack is None:
             self.stack = self.level != "aten"
         self._check_schedule()

@@ -8,15 +8,18 @@ Layout (hive-style partitions, next to the ``stepN/rankN`` directories)::
 
 ``step`` and ``rank`` are the partition directories' values (not columns in the files). ``seq`` is
 a record's position among the readable records of its ``records.jsonl`` (0-based): ``ops`` and
-``tensors`` join on ``(step, rank, seq)``. The JSONL stays the source of truth: a summary is made
-by reading ``records.jsonl`` back with the reader's own checks (:class:`~.columns.RecordColumns`),
-so it holds exactly what the reader would read, and each file's Parquet metadata carries a
-fingerprint of the ``records.jsonl`` it was made from (size, hashes of its first and last 64 KiB)
-plus the reader's warnings; a summary whose fingerprint no longer matches is not used.
+``tensors`` join on ``(step, rank, seq)``. The JSONL stays the source of truth: a summary holds
+exactly what the reader would read (:func:`.summary_tables.build_tables` validates with the reader's
+own checks), built either from the record objects the dump writer has just written
+(:mod:`.summary_live`) or by reading ``records.jsonl`` back (:func:`unit_tables`, for ``torchparity
+compact``); each file's Parquet metadata carries a fingerprint of that ``records.jsonl`` (size,
+hashes of its first and last 64 KiB) plus the reader's warnings; a summary whose fingerprint no
+longer matches is not used.
 
 Files are written under a temporary name and renamed, so a killed process never leaves a half
-file under the real name. :func:`write_unit_summary` is called by the dump writer's thread at the
-end of each step, and by ``torchparity compact`` (:mod:`.compact`) for older dumps;
+file under the real name. :func:`write_tables` is called by the dump writer's thread (``summaries="step"``: at the
+end of each step; ``"close"``: at the dump's close), :func:`write_unit_summary` by ``torchparity
+compact`` (:mod:`.compact`) for older dumps and by the writer for a file it did not write whole;
 :func:`read_compare_frame` hands the compare its columns from the summaries (the JSONL is the
 fallback when a summary is missing, stale, truncated or unreadable).
 """
