@@ -179,3 +179,209 @@ def test_compare_is_the_same_with_and_without_summaries(dumped: Path, tmp_path: 
     for k in ("diverged", "first_divergence", "n_pass", "n_error", "n_warning", "n_not_compared", "n_compared"):
         assert a.summary[k] == b.summary[k], k
     assert a.summary["diverged"] and a.summary["n_compared"] > 0  # a real divergence, really compared
+
+
+# ---- the live summaries (dump/summary_live.py): built by the writer from the records it writes ----
+
+
+class _Net(torch.nn.Module):
+    """Two modules, scalar arguments, NaN and -Inf values, an unmeasured (uninitialised) input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(6, 6)
+        self.b = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x) * 2.0
+        bad = torch.log(h.detach().clamp(max=0.5) - 0.4)  # NaN (log of negatives) and -Inf
+        h = h + bad.nan_to_num(0.0, 0.0, 0.0) * 0
+        h = torch.clamp(h, min=-3.0)
+        buf = torch.empty_like(h)
+        buf.copy_(h)  # copy_ overwrites uninitialised memory: described, not measured
+        return self.b(buf).sum(dim=-1, keepdim=True) + x.shape[0]
+
+
+def _run_net(path: Path, level: str, mode: str, **kw) -> Path:
+    torch.manual_seed(0)
+    model = _Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
+    with torchparity.dump(str(path), level=level, mode=mode, model=model, **kw):
+        for _ in range(2):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return path
+
+
+def _same_table(a, b) -> None:
+    """Equal schema, metadata and values (NaN equal to NaN, null apart from NaN, -0.0 apart from 0.0)."""
+    assert a.schema.equals(b.schema, check_metadata=True), (a.schema, b.schema)
+    assert a.num_rows == b.num_rows
+
+    def key(v):
+        return ("nan",) if isinstance(v, float) and math.isnan(v) else (type(v).__name__, repr(v))
+
+    for c in a.column_names:
+        assert [key(v) for v in a.column(c).to_pylist()] == [key(v) for v in b.column(c).to_pylist()], c
+
+
+def _tables(root: Path) -> dict[str, object]:
+    import pyarrow.parquet as pq
+
+    return {str(p.relative_to(root)): pq.read_table(p) for p in sorted((root / "summary").rglob("part.parquet"))}
+
+
+def _assert_live_equals_compact(root: Path, tmp_path: Path) -> None:
+    import shutil
+
+    again = tmp_path / (root.name + "-compacted")
+    shutil.copytree(root, again)
+    shutil.rmtree(again / "summary")
+    rep = compact(again, force=True)
+    assert rep.failed == [] and rep.written
+    live, made = _tables(root), _tables(again)
+    assert sorted(live) == sorted(made) and len(live) == 3 * len(rep.written)
+    for name in live:
+        _same_table(live[name], made[name])
+
+
+@pytest.mark.parametrize("level,mode,kw", [
+    ("mix", "statistics", {}),
+    ("aten", "md5", {"exclude_ops": ["aten.t*"]}),  # records filtered out
+    ("aten", "tensor", {"max_bytes": 600}),  # tensors dropped past the budget: entries lose their file
+    ("api", "statistics", {"ops": ["*linear*", "*log*", "*clamp*"]}),
+])
+def test_live_summaries_equal_what_compact_makes_from_the_file(tmp_path: Path, monkeypatch, level, mode, kw) -> None:
+    read_back: list[object] = []
+    monkeypatch.setattr(columnar, "footer_fields", lambda *a, **k: read_back.append(a) or {"summary": False})
+    root = _run_net(tmp_path / f"{level}-{mode}", level, mode, **kw)
+    assert read_back == []  # every summary came from the writer's own columns, none from re-reading the file
+    text = (root / "step0/rank0/records.jsonl").read_text()
+    if level != "api":  # (the api case filters them out)
+        assert '"NaN"' in text and '"kind":"scalar"' in text and "unmeasured" in text  # the cases are really there
+    monkeypatch.undo()
+    _assert_live_equals_compact(root, tmp_path)
+
+
+def _odd_records(step: int) -> list:
+    """Records whose values do not read back as they were (tuples, NaN scalars, -0.0, a missing
+    statistic, a bad op name the reader drops, module None): the live columns must read them as the
+    reader reads the file."""
+    from torchparity.records import OpRecord, TensorEntry
+
+    st = {"max": 1.0, "min": -0.0, "mean": float("nan"), "norm": float("inf"), "nan": 1, "inf": 2}
+
+    def t(**k):
+        return TensorEntry(**{"io": "input", "arg": "0", "dtype": "float32", "shape": torch.Size([2, 3]),
+                              "stride": (3, 1), "device": "cpu", "requires_grad": False, **k})
+
+    recs = [
+        OpRecord(0, "Aten.mul.0.forward", "aten.mul.Tensor", "aten", "forward", "m", 0, step, 0,
+                 tensors=[t(stats=dict(st)), TensorEntry("input", "1", "scalar", value=float("nan")),
+                          TensorEntry("input", "alpha", "scalar", value=(1, -0.0)),
+                          TensorEntry("output", "0", "none"), t(io="output", stats=None, producer=(0, 0))],
+                 flags={"inplace": True, "shape": (2, 3), "x": float("nan")}),
+        OpRecord(1, "Aten.bad.0.forward", "bad op?", "aten", "forward", "m", 0, step, 0,  # the reader drops it
+                 tensors=[t(stats=dict(st))]),
+        OpRecord(2, "Aten.add.0.forward", "aten.add.Tensor", "aten", "forward", None, 0, step, 0,  # module None
+                 tensors=[t(stats={"max": 1.0, "min": 0.0}), t(arg="1", stats=dict(st), md5="ab")],
+                 flags={"compute_dtype": "bfloat16", "collective": True}),
+        OpRecord(3, "Module.m.Lin.forward.0", "Lin", "module", "forward", "m", 0, step, 0, module_class="Lin",
+                 tensors=[t(stats=dict(st, max=-0.0), file="tensors/x.safetensors", key="k")], flags={}),
+    ]
+    return recs
+
+
+def _write_odd(root: Path, when: str, steps: int = 2):
+    from torchparity.capture.batch import Batch
+    from torchparity.dump.writer import DumpWriter
+
+    w = DumpWriter(root, {"tool_version": "test"}, fsync=False, summaries=when)
+    w.add_modules([("m", "Lin", ""), ("", "Top", None)])
+    for step in range(steps):
+        w.submit(Batch(step, 0, _odd_records(step), [], None))
+        w.end_step(step)
+    w.flush()
+    return w
+
+
+def test_live_columns_read_odd_values_as_the_reader_reads_the_file(tmp_path: Path, monkeypatch) -> None:
+    read_back: list[object] = []
+    monkeypatch.setattr(columnar, "footer_fields", lambda *a, **k: read_back.append(a) or {"summary": False})
+    root = tmp_path / "odd"
+    _write_odd(root, "step").close()
+    assert read_back == []
+    monkeypatch.undo()
+    _assert_live_equals_compact(root, tmp_path)
+    import pyarrow.parquet as pq
+
+    ops = pq.read_table(columnar.part_path(root, "ops", 0, 0)).to_pylist()
+    assert [o["record_id"] for o in ops] == [0, 3]  # the two damaged records left out, as the reader does
+    meta = columnar.read_meta(columnar.part_path(root, "ops", 0, 0))
+    assert "2 record(s) with wrong values skipped" in meta["frame_warnings"][0][0]
+    ten = pq.read_table(columnar.part_path(root, "tensors", 0, 0)).to_pylist()
+    assert [t["value"] for t in ten[:4]] == [None, None, "[1, -0.0]", None]  # NaN is written as null
+
+
+def test_summaries_option_step_close_off(tmp_path: Path) -> None:
+    parts = lambda root: sorted(str(p.relative_to(root / "summary")) for p in (root / "summary").rglob("part.parquet")) \
+        if (root / "summary").is_dir() else []  # noqa: E731
+    footer = lambda root, s: json.loads((root / f"step{s}/rank0/footer.json").read_text())  # noqa: E731
+    w = _write_odd(tmp_path / "step", "step")  # written when each step ends, before the close
+    assert len(parts(tmp_path / "step")) == 6 and footer(tmp_path / "step", 0)["summary"] is True
+    w.close()
+    w = _write_odd(tmp_path / "close", "close")  # kept until the dump closes
+    assert parts(tmp_path / "close") == [] and footer(tmp_path / "close", 1)["summary"] is False
+    assert "when the dump closes" in footer(tmp_path / "close", 1)["summary_error"]
+    w.close()
+    assert parts(tmp_path / "close") == parts(tmp_path / "step")
+    assert footer(tmp_path / "close", 1)["summary"] is True and "summary_error" not in footer(tmp_path / "close", 1)
+    for name in _tables(tmp_path / "step"):
+        _same_table(_tables(tmp_path / "step")[name], _tables(tmp_path / "close")[name])
+    _write_odd(tmp_path / "off", "off").close()  # never: torchparity compact writes them later
+    assert parts(tmp_path / "off") == [] and "compact" in footer(tmp_path / "off", 0)["summary_error"]
+    assert sorted(compact(tmp_path / "off").written) == ["step0/rank0", "step1/rank0"]
+    assert parts(tmp_path / "off") == parts(tmp_path / "step")
+
+
+def test_summaries_option_is_validated_and_read_from_config_files(tmp_path: Path) -> None:
+    from torchparity.capture.options import DumpOptions, load_options_file
+    from torchparity.errors import UsageError
+
+    assert DumpOptions().summaries == "step"
+    with pytest.raises(UsageError, match="summaries must be step, close or off"):
+        DumpOptions(summaries="never")
+    cfg = tmp_path / "dump.yaml"
+    cfg.write_text("dump:\n  summaries: off_typo\n")
+    with pytest.raises(UsageError, match="summaries"):
+        DumpOptions(**load_options_file(cfg))
+    cfg.write_text("dump:\n  summaries: close\n")
+    assert DumpOptions(**load_options_file(cfg)).summaries == "close"
+
+
+def test_live_fingerprint_is_the_files_and_detects_an_edit(tmp_path: Path) -> None:
+    from torchparity.capture.batch import Batch
+    from torchparity.dump.writer import DumpWriter
+
+    root = tmp_path / "big"
+    w = DumpWriter(root, {"tool_version": "test"}, fsync=False)
+    for i in range(120):  # ~240 KiB in 120 batches: the head and the tail are both partial batches
+        w.submit(Batch(0, 0, [r for r in _odd_records(0) if r.op != "bad op?"] * 3, [], None))
+    w.end_step(0)
+    w.close()
+    rec = root / "step0/rank0/records.jsonl"
+    assert rec.stat().st_size > 3 * columnar.FP_BYTES
+    meta = columnar.read_meta(columnar.part_path(root, "tensors", 0, 0))
+    assert meta["records_jsonl"] == columnar.fingerprint(rec)  # what the writer kept equals the file's
+    u = open_dump(root).unit(0, 0)
+    assert columnar.summary_state(u) == ("ok", None)
+    data = bytearray(rec.read_bytes())
+    at = len(data) - 200  # an edit of the same size near the end
+    data[at:at + 3] = b"9.5" if data[at:at + 3] != b"9.5" else b"8.5"
+    rec.write_bytes(bytes(data))
+    state, why = columnar.summary_state(u)
+    assert state == "bad" and "stale" in why
+    w2: list[str] = []
+    assert columnar.read_compare_frame(u, w2) is None and "stale" in w2[0]

@@ -56,7 +56,7 @@ class DumpOptions:
     # record each parameter's gradient hash (after the all-reduce) and parameter hash (after the
     # step) per rank in DIR/replicas/, for `torchparity replicas DIR` (docs/replicas.md)
     replica_check: bool = False
-
+    summaries: str = "step"  # Parquet summaries (docs/query.md): at each step's end, at the dump's close, or off
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):
             self.path = os.fspath(self.path)
@@ -89,6 +89,9 @@ class DumpOptions:
                              f"tensors through the batched accelerator path")
         if not isinstance(self.replica_check, bool):
             raise UsageError(f"replica_check must be true or false (got {self.replica_check!r})")
+        if self.summaries not in ("step", "close", "off"):
+            raise UsageError(f"summaries must be step, close or off (when the Parquet summaries are written; "
+                             f"got {self.summaries!r})")
         if self.stack is None:
             self.stack = self.level != "aten"
         self._check_schedule()

@@ -159,7 +159,8 @@ class Dumper:
             header["schedule"] = {"steps": o.steps, "every": o.every, "light": o.light}
         self.writer = DumpWriter(o.path, header, fsync=o.fsync, max_bytes=o.max_bytes, rank=current_rank(),
                                  max_queue_bytes=o.max_queue_bytes,
-                                 step_header=_step_header(o) if o.scheduled else None)
+                                 step_header=_step_header(o) if o.scheduled else None,
+                                 summaries=o.summaries)
         tracker = ModuleTracker()
         if self.model is not None:
             tracker.add_root(self.model)

@@ -44,6 +44,7 @@ from ..records import FORMAT_NAME, FORMAT_VERSION, OpRecord, TensorEntry
 from ..capture.batch import Batch  # noqa: F401 (re-exported: the record batch lives with capture)
 from ..capture.host_copies import host_tensor, release_copies
 from . import columnar as _columnar
+from .summary_live import LiveSummary, SummarySink
 
 log = logging.getLogger("torchparity")
 
@@ -71,6 +72,7 @@ class _RankFiles:
     tensor_bytes: int = 0
     dropped_tensors: int = 0
     saved_tensors: dict[str, str] = field(default_factory=dict)  # tensor key -> its file
+    summary: LiveSummary | None = None  # the columnar summary's columns, collected as records are written
 
 
 def _append(f: Any, data: bytes) -> None:
@@ -147,7 +149,7 @@ class DumpWriter:
 
     def __init__(self, root: str | os.PathLike[str], header: dict[str, Any], *, fsync: bool = True,
                  max_bytes: int | None = None, max_queue_bytes: int = 1 << 30, rank: int | None = None,
-                 step_header: Callable[[int], dict[str, Any]] | None = None) -> None:
+                 step_header: Callable[[int], dict[str, Any]] | None = None, summaries: str = "step") -> None:
         self.root = Path(root)
         self.header = header
         self.step_header = step_header  # step -> what that step's header.json adds or overrides
@@ -168,6 +170,8 @@ class DumpWriter:
         self._cond = threading.Condition()
         self._total_tensor_bytes = 0
         self._module_lines: list[dict[str, Any]] = []
+        # columnar summaries (dump/summary_live.py): when they are written, and their columns per (step, rank)
+        self._summaries = SummarySink(summaries, _atomic_write_json)
         self._thread = threading.Thread(target=self._run, name="torchparity-writer", daemon=True)
         from ..errors import UsageError
         from .lock import DumpLock
@@ -250,6 +254,7 @@ class DumpWriter:
             rf = _RankFiles(step, rank, d, open(d / "records.jsonl", "ab", buffering=0),
                             open(d / "stacks.jsonl", "ab", buffering=0),
                             open(d / "modules.jsonl", "ab", buffering=0))
+            rf.summary = self._summaries.start(step, rank, os.fstat(rf.records.fileno()).st_size)
             self._files[key] = rf
             if self._module_lines:
                 _append(rf.modules, "".join(json.dumps(m) + "\n" for m in self._module_lines).encode())
@@ -275,9 +280,9 @@ class DumpWriter:
             e.file = rf.saved_tensors.get(e.key) if e.key is not None else None
             if e.file is None:
                 e.key = None
-        lines = "".join(_record_line(r.to_json()) for r in b.records)
+        data = "".join(_record_line(r.to_json()) for r in b.records).encode()
         try:
-            _append(rf.records, lines.encode())
+            _append(rf.records, data)
         except OSError as exc:
             rf.dropped_records += len(b.records)
             self._fail(f"writing the dump to {self.root} failed at step {b.step} ({_reason(exc)}): the "
@@ -286,6 +291,8 @@ class DumpWriter:
             return
         self._sync(rf.records)
         rf.n_records += len(b.records)
+        if rf.summary is not None:
+            rf.summary.add(b.records, data)
 
     def _drop_tensors(self, rf: _RankFiles, b: Batch, keys: Any) -> None:
         for k in keys:
@@ -362,8 +369,10 @@ class DumpWriter:
             footer = {"complete": complete and error is None and dropped == 0 and not stopped, "records": rf.n_records,
                       "dropped_records": dropped, "tensor_bytes": rf.tensor_bytes,
                       "budget_exhausted": self.budget_exhausted, "dropped_tensors": rf.dropped_tensors}
-            # columnar summaries (dump/columnar.py): Parquet of this step/rank's records, off the training thread
-            footer.update(_columnar.footer_fields(self.root, rf.step, rf.rank, rf.dir, self.fsync))
+            # columnar summaries (dump/summary_live.py): Parquet of this step/rank's records, off the training thread
+            self._summaries.finish(self.root, rf.step, rf.rank, rf.dir, rf.summary, self.fsync, self._module_lines,
+                                   self.error is None and dropped == 0, footer)
+            rf.summary = None
             if error:
                 footer["error"] = error
             if stopped:
@@ -393,6 +402,7 @@ class DumpWriter:
                     for rf in self._files.values():
                         self._finish_rank(rf, True)
                     self._files.clear()
+                    self._summaries.close(self.fsync)  # summaries="close": every step's, now
                     return
                 if kind == "barrier":
                     payload.set()
