@@ -37,10 +37,8 @@ def _batch(step: int, rank: int, fault: bool) -> torch.Tensor:
     return x * (1 + 1e-3) if fault else x
 
 
-def _ddp(rank: int, fault: bool) -> tuple[list[float], list[torch.Tensor]]:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = DDP(_model())
+def _train(model: torch.nn.Module, rank: int, fault: bool) -> list[float]:
+    """STEPS steps of SGD on the rank's batches; the losses."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for step in range(STEPS):
@@ -49,7 +47,14 @@ def _ddp(rank: int, fault: bool) -> tuple[list[float], list[torch.Tensor]]:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses, [p.detach() for p in model.parameters()]
+    return losses
+
+
+def _ddp(rank: int, fault: bool) -> tuple[list[float], list[torch.Tensor]]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_model())
+    return _train(model, rank, fault), [p.detach() for p in model.parameters()]
 
 
 def _fsdp2(rank: int, fault: bool) -> tuple[list[float], list[torch.Tensor]]:
@@ -62,15 +67,7 @@ def _fsdp2(rank: int, fault: bool) -> tuple[list[float], list[torch.Tensor]]:
     for layer in (model[0], model[2]):
         fully_shard(layer)
     fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(STEPS):
-        loss = model(_batch(step, rank, fault)).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, [p.full_tensor().detach() for p in model.parameters()]
+    return _train(model, rank, fault), [p.full_tensor().detach() for p in model.parameters()]
 
 
 class _RowParallel(torch.nn.Module):
