@@ -106,11 +106,19 @@ def _check_world(dump: Path, world: int, groups: Callable[[int], list[list[int]]
             assert tuple(ranks) in seen, (ranks, w["groups"])
 
 
+#: where torch cannot read a c10d op's ProcessGroup argument back (no ``ProcessGroup.unbox``: torch 2.1),
+#: collectives carry no group/peer flags (docs/distributed.md, "not supported")
+_UNBOX = hasattr(torch.distributed.ProcessGroup, "unbox") if torch.distributed.is_available() else False
+
+
 def test_ddp_dump_is_per_rank_with_groups_and_numerics_unchanged(tmp_path: Path) -> None:
     dump = _dump_and_baseline(tmp_path, "ddp", 2)
     for r in (0, 1):
         coll = _collectives(dump, 0, r)
         assert {c["op"] for c in coll} >= {"c10d.allreduce_.default", "c10d.broadcast_.default"}
+        if not _UNBOX:
+            assert not any("group" in c["flags"] for c in coll)
+            continue
         for c in coll:
             assert c["flags"]["group"] == {"name": "0", "ranks": [0, 1], "size": 2}
         assert all(c["flags"]["root"] == 0 for c in coll if "broadcast" in c["op"])
@@ -158,6 +166,9 @@ def test_p2p_records_name_the_peer_and_direction(tmp_path: Path) -> None:
     dump = _dump_and_baseline(tmp_path, "p2p", 2)
     for r, peer in ((0, 1), (1, 0)):
         coll = _collectives(dump, 0, r)
+        if not _UNBOX:
+            assert len(coll) == 3 and not any("peer" in c["flags"] for c in coll)
+            continue
         dirs = [(c["op"].split(".")[1], c["flags"]["direction"], c["flags"]["peer"]) for c in coll]
         if r == 0:  # activation out, gradient in, loss in (batch_isend_irecv)
             assert dirs == [("send", "send", 1), ("recv_", "recv", 1), ("recv_", "recv", 1)]

@@ -55,6 +55,22 @@ def missing_pyarrow() -> str | None:
     return None
 
 
+def preload() -> None:
+    """Import pyarrow (with its pandas bridge) now, while the interpreter is fully alive.
+
+    A dump closed at interpreter exit (a script that ends with ``SystemExit``, ``torchparity run``)
+    writes its last summaries from an atexit handler; pyarrow imported there for the first time
+    cannot start its helper threads and crashed the process (SIGSEGV, exit code -11) with pyarrow
+    10 and torch 2.1. The writer calls this when it starts."""
+    if missing_pyarrow() is None:
+        try:
+            import pyarrow
+
+            pyarrow.lib._pandas_api.have_pandas  # noqa: B018 - imports the pandas bridge now
+        except Exception:  # pragma: no cover - a private name moved: the import above is what matters
+            pass
+
+
 def summary_root(dump_root: Path) -> Path:
     return Path(dump_root) / SUMMARY_DIR
 

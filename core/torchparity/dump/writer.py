@@ -172,6 +172,8 @@ class DumpWriter:
         self._module_lines: list[dict[str, Any]] = []
         # columnar summaries (dump/summary_live.py): when they are written, and their columns per (step, rank)
         self._summaries = SummarySink(summaries, _atomic_write_json)
+        if summaries != "off":
+            _columnar.preload()  # never first imported at interpreter exit (see preload)
         self._thread = threading.Thread(target=self._run, name="torchparity-writer", daemon=True)
         from ..errors import UsageError
         from .lock import DumpLock
