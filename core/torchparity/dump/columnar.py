@@ -103,7 +103,7 @@ def fingerprint(records: Path) -> dict[str, Any]:
 
 
 def _scan(u: DumpUnit) -> tuple[RecordColumns, int, list[str]]:
-    from .reader import _scan_records
+    from .jsonl_scan import _scan_records
 
     rel = f"step{u.step}/rank{u.rank}"
     cols = RecordColumns(full=True, step=u.step, rank=u.rank)
@@ -121,7 +121,7 @@ def unit_tables(u: DumpUnit) -> tuple[dict[str, Any], dict[str, Any]]:
     """The three Arrow tables of one torchparity (step, rank) directory, read back from its
     ``records.jsonl`` (``torchparity compact``), and the metadata that goes with them
     (fingerprint, record count, the reader's warnings)."""
-    from .reader import _iter_jsonl
+    from .jsonl_scan import _iter_jsonl
 
     fp = fingerprint(u.path / "records.jsonl")
     cols, n_scanned, scan_w = _scan(u)
@@ -279,7 +279,7 @@ def read_compare_frame(u: DumpUnit, warnings: list[str]) -> Any | None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .reader import footer_problems
+    from .footer import read_footer
     from .tensors import TensorRef
 
     root = dump_root_of(u)
@@ -301,7 +301,7 @@ def read_compare_frame(u: DumpUnit, warnings: list[str]) -> Any | None:
     rel = f"step{u.step}/rank{u.rank}"
     for text, is_damage in meta["scan_warnings"]:
         warnings.append(Damage(text) if is_damage else text)
-    warnings.extend(footer_problems(u.path, rel, int(meta["scanned"])))
+    warnings.extend(read_footer(u.path, rel, int(meta["scanned"])).problems)
     for text, _ in meta["frame_warnings"]:
         warnings.append(Damage(text))
     n = t.num_rows
