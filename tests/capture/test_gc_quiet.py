@@ -80,3 +80,37 @@ def test_a_cycle_that_died_during_the_capture_is_collected_after_it(tmp_path):
         assert ref() is not None, "frozen: the collector skips it while the dump runs"
     gc.collect()
     assert ref() is None
+
+
+def test_paused_turns_the_collector_off_and_back_on_but_never_on_when_it_was_off():
+    assert gc.isenabled()
+    with gc_quiet.paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_quiet.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled(), "the process had turned it off"
+    finally:
+        gc.enable()
+
+
+def test_the_summaries_are_built_with_the_collector_paused(tmp_path, monkeypatch):
+    from torchparity.dump import columnar
+
+    seen = []
+    orig = columnar.write_tables
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return orig(*a, **k)
+
+    monkeypatch.setattr(columnar, "write_tables", spy)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchparity.dump(tmp_path / "d", level="aten", model=model):
+        _step(model)
+        opt.step()
+    assert seen and not any(seen)
+    assert gc.isenabled()

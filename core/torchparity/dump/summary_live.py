@@ -22,6 +22,7 @@ from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, Callable
 
+from ..capture import gc_quiet
 from . import columnar
 from .columns import STAT_COLUMNS, RecordColumns, _NO_STATS
 
@@ -241,7 +242,8 @@ class SummarySink:
                tree: dict[Any, Any], fsync: bool) -> dict[str, Any]:
         if live is not None and live.why_not is None:
             try:
-                why = columnar.write_tables(root, step, rank, lambda: live.tables(tree), fsync)
+                with gc_quiet.paused():  # bulk allocation: the collector would only walk it
+                    why = columnar.write_tables(root, step, rank, lambda: live.tables(tree), fsync)
                 return {"summary": True} if why is None else {"summary": False, "summary_error": why}
             except Exception as exc:  # pragma: no cover - a value of an odd type: the file says it all
                 log.debug("torchparity: summary of step %d rank %d from the file (%r)", step, rank, exc)
