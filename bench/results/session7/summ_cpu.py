@@ -16,5 +16,5 @@ def w(self, *a, **k):
     return r
 SL.SummarySink._write = w
 sys.argv = ["prof_launch.py"] + sys.argv[1:]
-runpy.run_path("/work/perf/prof_launch.py", run_name="__main__")
+runpy.run_path("bench/results/session7/prof_launch.py", run_name="__main__")
 print(f"_write: {tot[1]} calls, {tot[0]/max(tot[1],1)*1e3:.1f} ms writer CPU each")
