@@ -43,6 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import gc_quiet
+from .compiled import CompiledCallGuard, refuse_compiled
 from . import ops as opinfo
 from .module_tracker import Frame, ModuleTracker, in_backward, tag_graph
 from .tool_state import tool_is_busy
@@ -172,6 +173,10 @@ class _Next:
         return self.chain[i].on_op(self.call, args, kwargs, _Next(self.chain, i + 1, self.call, self.func))
 
 
+#: what the stream's consumers are, in the refusal of a compiled model
+_STREAM_TOOLS = "an op-level capture (aten-level dump, NaN/Inf tracker, online compare, emulated device)"
+
+
 class _StreamMode(TorchDispatchMode):
     def __init__(self, stream: "OpStream") -> None:
         super().__init__()
@@ -216,6 +221,7 @@ class OpStream:
         self._roots: list[torch.nn.Module] = []
         #: interceptions so far (what the counting bench reads)
         self.intercepted = 0
+        self._compiled_guard = CompiledCallGuard(_STREAM_TOOLS)
 
     # ---- consumers ---------------------------------------------------------------------------
     @property
@@ -228,6 +234,7 @@ class OpStream:
         with self._lock:
             if consumer in self._consumers:
                 return
+            refuse_compiled(model, getattr(consumer, "tool_name", _STREAM_TOOLS))
             self._consumers.append(consumer)
             self._chain = tuple(sorted(self._consumers, key=lambda c: c.layer))  # stable: attach order
             if model is not None and not any(r is model for r in self._roots):
@@ -290,9 +297,11 @@ class OpStream:
             self._mode = _StreamMode(self)
             self._mode.__enter__()
         gc_quiet.hold()  # the collector skips the process's old heap while consumers capture
+        self._compiled_guard.install()  # a compiled module would run eagerly under the mode: refuse it
 
     def _stop(self) -> None:
         gc_quiet.release()
+        self._compiled_guard.remove()
         for h in self._hooks:
             h.remove()
         self._hooks = []

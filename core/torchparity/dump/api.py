@@ -25,6 +25,7 @@ import torch
 
 from ..capture import gc_quiet
 from ..capture.api_mode import ApiCaptureMode
+from ..capture.compiled import MODULE_LEVEL_OK, CompiledCallGuard, refuse_compiled
 from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
 from ..capture.module_tracker import ModuleTracker
@@ -149,6 +150,8 @@ class Dumper:
         if self._stack is not None:
             raise UsageError("this dump is already running; call stop() first")
         o = self.options
+        if "aten" in o.levels or "api" in o.levels or not MODULE_LEVEL_OK:  # before anything is written
+            refuse_compiled(self.model, f"torchparity.dump(level={o.level!r})")
         from .. import __version__
 
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
@@ -191,6 +194,9 @@ class Dumper:
                 # single process skips the per-op dispatch entirely
                 stack.enter_context(AtenCaptureMode(self.session, collectives_only=True))
             if "api" in o.levels:
+                guard = CompiledCallGuard(f"torchparity.dump(level={o.level!r})")
+                guard.install()  # the API level's function mode would break Dynamo: refuse a compiled call
+                stack.callback(guard.remove)
                 self._api_mode = ApiCaptureMode(self.session)
                 stack.enter_context(self._api_mode)
             if o.replica_check:  # per-parameter replica hashes (torchparity.replicas.recorder)

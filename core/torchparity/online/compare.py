@@ -116,6 +116,9 @@ class CompareWithReference(OpConsumer):
         worst: how many worst elements to show per failure.
     """
 
+    #: how a refusal names this tool (a torch.compile'd model: capture/compiled.py)
+    tool_name = "online compare (CompareWithReference)"
+
     layer = LAYER_OBSERVER
     needs_modules = True
     #: steps advance only on :meth:`step` (the torch_musa façade), never on ``optimizer.step()``

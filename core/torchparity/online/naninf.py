@@ -150,6 +150,9 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
     started (the findings' ``step``).
     """
 
+    #: how a refusal names this tool (a torch.compile'd model: capture/compiled.py)
+    tool_name = "the NaN/Inf tracker"
+
     layer = LAYER_OBSERVER
     needs_modules = True
     #: end this tracker's step when the stream's step ends on ``optimizer.step()`` (False: only

@@ -1,0 +1,77 @@
+"""A torch.compile'd model is never silently run eagerly by a capture: the op-level tools and the
+API level refuse it with one line; the module level captures it with its compiled numerics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchparity
+from torchparity.capture.compiled import MODULE_LEVEL_OK, CompiledModelError
+from torchparity.errors import UsageError
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 8))
+
+
+def _train(model: nn.Module, steps: int = 2) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+    out = []
+    for _ in range(steps):
+        loss = (model(x) ** 2).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out + [p.detach().clone() for p in model.parameters()]
+
+
+def _same(a: list, b: list) -> bool:
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("level", ["aten", "api", "mix"])
+def test_an_op_or_api_level_dump_refuses_a_compiled_model_before_writing(tmp_path, level):
+    model = torch.compile(_model(), backend="aot_eager")
+    with pytest.raises(UsageError, match=r"torch.compile'd model.*change its numerics.*_orig_mod"):
+        torchparity.dump(tmp_path / "d", level=level, model=model).start()
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").glob("step*"))
+
+
+def test_the_naninf_tracker_and_online_compare_refuse_a_compiled_model():
+    model = torch.compile(_model(), backend="aot_eager")
+    with pytest.raises(CompiledModelError, match="the NaN/Inf tracker cannot watch a torch.compile'd model"):
+        torchparity.NanInfTracker(model).start()
+    assert not torchparity.op_stream().consumers
+
+
+def test_a_compiled_module_called_while_the_tracker_runs_is_refused_not_run_eagerly():
+    inner = _model()
+    compiled = torch.compile(inner, backend="aot_eager")
+    tracker = torchparity.NanInfTracker(inner).start()  # given the eager module, the compiled one is called
+    try:
+        with pytest.raises(CompiledModelError, match="op-level capture"):
+            compiled(torch.randn(2, 16))
+    finally:
+        tracker.stop()
+    compiled(torch.randn(2, 16))  # the guard is gone with the tracker
+
+
+@pytest.mark.skipif(not MODULE_LEVEL_OK, reason="torch 2.1's Dynamo fails on the module hooks: refused there")
+def test_a_module_level_dump_keeps_the_compiled_numerics(tmp_path):
+    reference = _train(torch.compile(_model(), backend="aot_eager"))
+    model = torch.compile(_model(), backend="aot_eager")
+    with torchparity.dump(tmp_path / "d", level="module", model=model):
+        got = _train(model)
+    assert _same(got, reference)
+    assert len(torchparity.load_dump(tmp_path / "d")) > 0
+
+
+@pytest.mark.skipif(MODULE_LEVEL_OK, reason="only torch < 2.2 refuses a module-level dump of a compiled model")
+def test_old_torch_refuses_a_module_level_dump_of_a_compiled_model(tmp_path):
+    with pytest.raises(CompiledModelError):
+        torchparity.dump(tmp_path / "d", level="module", model=torch.compile(_model(), backend="aot_eager")).start()
