@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -169,10 +170,18 @@ def test_torchrun_two_workers(planted: tuple[Path, Path], tmp_path: Path) -> Non
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                        "127.0.0.1", "--master-port", str(port), "-m", "torchparity", "compare", str(planted[0]),
-                        str(planted[1]), "-o", str(tmp_path / "out"), "--json"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    # its own process group: on a timeout the workers go with the launcher (no orphan left waiting)
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                             "127.0.0.1", "--master-port", str(port), "-m", "torchparity", "compare", str(planted[0]),
+                             str(planted[1]), "-o", str(tmp_path / "out"), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun compare did not finish in 240 s; its output:\n{stdout[-2000:]}\n{stderr[-3000:]}")
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     import json
 
     out = p.stdout
