@@ -245,7 +245,25 @@ def _distributed(env: dict[str, Any], dev: str, ben: str, step: int | None, rank
         return plan, [ShardResult.from_dict(d) for part in gathered for d in part]
     finally:
         if own:
-            dist.destroy_process_group()
+            _leave_group(dist)
+
+
+def _leave_group(dist: Any) -> None:
+    """Leave the gloo group this compare created. Every worker waits for the others first (a
+    barrier), so none tears the group down under a peer. On torch 2.1 the group is not destroyed at
+    all: there ``destroy_process_group`` could block for good once the peer process had exited
+    (found by the lowest CI job: worker 0 waited in it after worker 1 was gone); the process exits
+    right after the job anyway."""
+    try:
+        dist.barrier()
+    except Exception:  # pragma: no cover - a peer died: nothing left to wait for
+        pass
+    if _DESTROY_SAFE:
+        dist.destroy_process_group()
+
+
+#: torch >= 2.2: destroying a gloo group after the job is safe (see _leave_group)
+_DESTROY_SAFE = tuple(int(x) for x in __import__("torch").__version__.split("+")[0].split(".")[:2]) >= (2, 2)
 
 
 def _first_shard_reports(job: JobResult, output_dir: str | os.PathLike[str], formats: Any,
