@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -94,3 +95,16 @@ def test_compare_against_eager_aten_dump(tmp_path):
 def test_bad_mode_is_one_line_error(tmp_path):
     with pytest.raises(UsageError, match="mode='md5' is not supported"):
         compile_backend(tmp_path, mode="md5")
+
+
+@pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")),
+                    reason="Inductor needs a C++ compiler on the CPU")
+def test_inductor_bitwise_and_records(tmp_path):
+    base = _train("inductor")
+    got = _train(compile_backend(tmp_path / "d"))
+    assert base[0] == got[0]
+    assert all(torch.equal(a, b) for a, b in zip(base[1], got[1]))
+    recs = _records(tmp_path / "d")
+    assert {r["phase"] for r in recs} == {"forward", "backward"}
+    assert ("fc1", "aten.addmm.default") in {(r["module"], r["op"]) for r in recs}
+    assert {r["module"] for r in recs if r["phase"] == "backward"} >= {"fc1", "ln", "act", "fc2"}

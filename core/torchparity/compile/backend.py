@@ -35,6 +35,20 @@ def _no_compile_caches() -> Any:
     return stack
 
 
+def _drop_extra_output_strides(info: Instrumented) -> None:
+    """Inductor reports the strides of every graph output to AOTAutograd, which slices the saved
+    activations' strides from the end of that list: the statistics outputs must not be in it."""
+    try:
+        from torch._guards import TracingContext
+
+        tc = TracingContext.try_get()
+    except ImportError:  # pragma: no cover - older torch
+        return
+    strides = getattr(tc, "output_strides", None) if tc is not None else None
+    if strides is not None and info.n_outputs >= 0 and len(strides) > info.n_outputs:
+        del strides[info.n_outputs:]
+
+
 class _Wrapped:
     """A compiled graph whose extra (statistics) outputs are taken off and kept by the capture.
 
@@ -104,7 +118,9 @@ class CompileCapture:
 
         def inner_compile(g: torch.fx.GraphModule, ex: list[Any], **kwargs: Any) -> Any:
             info = self._instrument(g, ex, "backward" if kwargs.get("is_backward") else "forward")
-            return _Wrapped(compile_fx_inner(g, ex, **kwargs), info, self)
+            compiled = compile_fx_inner(g, ex, **kwargs)
+            _drop_extra_output_strides(info)
+            return _Wrapped(compiled, info, self)
 
         # the AOTAutograd and FX graph caches would hand back a graph compiled without the
         # instrumentation (their keys do not include our inner compiler): off for this compile
