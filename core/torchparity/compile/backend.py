@@ -55,9 +55,11 @@ class _Wrapped:
     Boxed calling convention (a list of inputs), as AOTAutograd calls its compilers' results;
     other attributes are those of the wrapped compiled graph."""
 
-    _boxed_call = True
-
     def __init__(self, compiled: Callable[..., Any], info: Instrumented, capture: "CompileCapture") -> None:
+        # an instance attribute: torch._dynamo.disable wraps the backward with functools.wraps,
+        # which copies the instance __dict__ (a class attribute would be lost, and AOTAutograd
+        # would call the wrapper unboxed with a warning)
+        self._boxed_call = True
         self._compiled = compiled
         self._info = info
         self._capture = capture
