@@ -108,3 +108,21 @@ def test_inductor_bitwise_and_records(tmp_path):
     assert {r["phase"] for r in recs} == {"forward", "backward"}
     assert ("fc1", "aten.addmm.default") in {(r["module"], r["op"]) for r in recs}
     assert {r["module"] for r in recs if r["phase"] == "backward"} >= {"fc1", "ln", "act", "fc2"}
+
+
+def test_recompile_with_dynamic_shapes_writes_runtime_shapes(tmp_path):
+    torch.manual_seed(0)
+    cap = compile_backend(tmp_path / "d", inner="eager")
+    torch._dynamo.reset()
+    run = torch.compile(Small(), backend=cap)  # batch 4: static graph; batch 6: recompiled dynamic
+    for batch in (4, 6):
+        run(torch.randn(batch, 8)).sum().backward()
+        cap.step()
+    steps = [[json.loads(line) for line in (tmp_path / "d" / f"step{s}" / "rank0" / "records.jsonl").read_text().splitlines()]
+             for s in (0, 1)]
+    assert cap.header()["graphs"]["forward"] == 2  # the recompile was instrumented too
+    fc1 = [next(r for r in recs if r["module"] == "fc1" and r["phase"] == "forward") for recs in steps]
+    assert [r["tensors"][0]["shape"] for r in fc1] == [[4, 16], [6, 16]]
+    assert fc1[0]["flags"]["node_id"] == fc1[1]["flags"]["node_id"]  # stable across the recompile
+    df = torchparity.load_dump(tmp_path / "d")
+    assert not df.attrs["warnings"] and len(df) == len(steps[0]) + len(steps[1])

@@ -3,6 +3,7 @@ compiled forward and backward graphs and writes them as a torchparity dump (docs
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
@@ -68,12 +69,13 @@ class _Wrapped:
         # AOTAutograd calls forward graphs boxed (one list) and some backward paths unboxed;
         # graph inputs are tensors and symbols, never lists, so the two cannot be confused.
         boxed = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
+        shapes = self._info.concrete_shapes(boxed)  # before the call: a boxed callee frees its inputs
         outs = self._compiled(boxed)
         n = self._info.n_outputs
         if n < 0:  # the graph returned a single value
-            self._capture._collect(self._info.records, list(outs[1:]))
+            self._capture._collect(self._info.records, list(outs[1:]), shapes)
             return outs[0]
-        self._capture._collect(self._info.records, list(outs[n:]))
+        self._capture._collect(self._info.records, list(outs[n:]), shapes)
         return type(outs)(outs[:n]) if isinstance(outs, tuple) else list(outs[:n])
 
     def __getattr__(self, name: str) -> Any:
@@ -97,7 +99,7 @@ class CompileCapture:
         self.mode = mode
         self.inner = inner
         self.step_index = 0
-        self._buffer: list[tuple[list[NodeRecord], list[torch.Tensor]]] = []
+        self._buffer: list[tuple[list[NodeRecord], list[torch.Tensor], Any]] = []
         self._fwd_modules: dict[int, tuple[str, str | None]] = {}
         self._skipped: dict[str, int] = {}
         self._graphs = {"forward": 0, "backward": 0}
@@ -136,9 +138,11 @@ class CompileCapture:
             self._skipped[reason] = self._skipped.get(reason, 0) + n
         return info
 
-    def _collect(self, records: list[NodeRecord], stats: list[torch.Tensor]) -> None:
-        """Keep one graph run's statistics (device tensors; no host sync here)."""
-        self._buffer.append((records, [s.detach() for s in stats]))
+    def _collect(self, records: list[NodeRecord], stats: list[torch.Tensor],
+                 shapes: dict[int, tuple[list[int], list[int]]] | None = None) -> None:
+        """Keep one graph run's statistics (device tensors; no host sync here) and, for records
+        of symbolic size, this run's shapes."""
+        self._buffer.append((records, [s.detach() for s in stats], shapes))
 
     # --- steps -------------------------------------------------------------------------------
     def attach(self, optimizer: torch.optim.Optimizer) -> "CompileCapture":
@@ -153,7 +157,7 @@ class CompileCapture:
         if not buf:
             self.step_index += 1
             return 0
-        flat = [s for _, stats in buf for s in stats]
+        flat = [s for _, stats, _ in buf for s in stats]
         host: list[list[float]] = []
         if flat:
             by_dev: dict[tuple[Any, Any], list[int]] = {}
@@ -166,8 +170,10 @@ class CompileCapture:
                     host[i] = r
         captured = []
         k = 0
-        for records, stats in buf:
-            for rec in records:
+        for records, _, shapes in buf:
+            for j, rec in enumerate(records):
+                if shapes and j in shapes:
+                    rec = dataclasses.replace(rec, shape=shapes[j][0], stride=shapes[j][1])
                 captured.append((rec, host[k]))
                 k += 1
         n = write_step(self.output_dir, self.step_index, captured, self.header())

@@ -28,6 +28,60 @@ class Instrumented:
     n_outputs: int  # outputs of the original graph (the extra ones follow)
     records: list[NodeRecord] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> node count
+    # dynamic shapes: (input index, dim or None for a SymInt input, sympy symbol) bindings that
+    # give the symbols' values from a run's inputs, and per record its symbolic shape and stride
+    bindings: list[tuple[int, int | None, Any]] = field(default_factory=list)
+    symbolic: dict[int, tuple[list[Any], list[Any]]] = field(default_factory=dict)
+
+    def concrete_shapes(self, args: list[Any]) -> dict[int, tuple[list[int], list[int]]] | None:
+        """Record index -> (shape, stride) of this run, for records with symbolic sizes."""
+        if not self.symbolic:
+            return None
+        env = {}
+        for i, dim, sym in self.bindings:
+            a = args[i]
+            env[sym] = int(a) if dim is None else int(a.shape[dim]) if dim >= 0 else int(a.stride()[-dim - 1])
+        return {k: ([_eval(e, env) for e in shp], [_eval(e, env) for e in st]) for k, (shp, st) in self.symbolic.items()}
+
+
+def _eval(e: Any, env: dict[Any, int]) -> int:
+    if isinstance(e, int):
+        return e
+    try:
+        return int(e.subs(env))
+    except (TypeError, ValueError):  # a symbol not bound by the inputs
+        return 0
+
+
+def _dim(x: Any) -> Any:
+    """An int, or the sympy expression of a symbolic size."""
+    if isinstance(x, int):
+        return x
+    node = getattr(x, "node", None)
+    expr = getattr(node, "expr", None)
+    if expr is not None and getattr(expr, "is_number", False):
+        return int(expr)
+    return expr if expr is not None else int(x)
+
+
+def _bindings(gm: torch.fx.GraphModule) -> list[tuple[int, int | None, Any]]:
+    out: list[tuple[int, int | None, Any]] = []
+    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            e = _dim(v)
+            if getattr(e, "is_Symbol", False):
+                out.append((i, None, e))
+        elif isinstance(v, torch.Tensor):
+            for d, size in enumerate(v.shape):
+                e = _dim(size)
+                if getattr(e, "is_Symbol", False):
+                    out.append((i, d, e))
+            for d, st in enumerate(v.stride()):
+                e = _dim(st)
+                if getattr(e, "is_Symbol", False):
+                    out.append((i, -d - 1, e))
+    return out
 
 
 def _fake_mode(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
@@ -138,12 +192,17 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
         counters[key] = idx + 1
         with graph.inserting_before(out_node):
             extra.append(_stats_nodes(graph, mode, node, val.dtype))
+        shp, st = [_dim(x) for x in val.shape], [_dim(x) for x in val.stride()]
+        if not all(isinstance(x, int) for x in shp + st):
+            res.symbolic[len(res.records)] = (shp, st)
         res.records.append(NodeRecord(
             node=node.name, op=op, phase=phase, module=module, module_class=cls, call_index=idx,
             node_id=stable_id(module, phase, op, idx), source=source_line(meta_node.meta),
-            dtype=str(val.dtype).replace("torch.", ""), shape=[int(s) if isinstance(s, int) else -1 for s in val.shape],
-            stride=[int(s) if isinstance(s, int) else -1 for s in val.stride()], device=str(val.device),
+            dtype=str(val.dtype).replace("torch.", ""), shape=[x if isinstance(x, int) else 0 for x in shp],
+            stride=[x if isinstance(x, int) else 0 for x in st], device=str(val.device),
             seq_nr=seq_nr))
+    if res.symbolic:
+        res.bindings = _bindings(gm)
     if extra:
         new = tuple(outs) + tuple(extra)
         out_node.args = (new,) if not single else (new,)
