@@ -126,3 +126,31 @@ def test_recompile_with_dynamic_shapes_writes_runtime_shapes(tmp_path):
     assert fc1[0]["flags"]["node_id"] == fc1[1]["flags"]["node_id"]  # stable across the recompile
     df = torchparity.load_dump(tmp_path / "d")
     assert not df.attrs["warnings"] and len(df) == len(steps[0]) + len(steps[1])
+
+
+class Broken(Small):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln(self.fc1(x))
+        torch._dynamo.graph_break()
+        return torch.softmax(self.fc2(self.act(h)), -1)
+
+
+def test_graph_break_captures_both_graphs(tmp_path):
+    torch.manual_seed(0)
+    m = Broken()
+    ref = m(torch.ones(2, 8))
+    cap = compile_backend(tmp_path / "d", inner="eager")
+    torch._dynamo.reset()
+    out = torch.compile(m, backend=cap)(torch.ones(2, 8))
+    out.sum().backward()
+    cap.close()
+    assert torch.equal(out, ref)
+    assert cap.header()["graphs"] == {"forward": 2, "backward": 2}
+    recs = _records(tmp_path / "d")
+    fwd = [(r["module"], r["op"]) for r in recs if r["phase"] == "forward"]
+    assert fwd[:2] == [("fc1", "aten.addmm.default"), ("ln", "aten.native_layer_norm.default")]
+    assert ("fc2", "aten.addmm.default") in fwd
+    bwd = {(r["module"], r["op"]) for r in recs if r["phase"] == "backward"}
+    # each graph's backward nodes get the modules of that graph's forward (seq_nr restarts per graph)
+    assert {("act", "aten.gelu_backward.default"), ("ln", "aten.native_layer_norm_backward.default"),
+            ("fc1", "aten.mm.default"), ("fc2", "aten.mm.default")} <= bwd

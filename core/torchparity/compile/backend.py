@@ -100,20 +100,22 @@ class CompileCapture:
         self.inner = inner
         self.step_index = 0
         self._buffer: list[tuple[list[NodeRecord], list[torch.Tensor], Any]] = []
-        self._fwd_modules: dict[int, tuple[str, str | None]] = {}
         self._skipped: dict[str, int] = {}
         self._graphs = {"forward": 0, "backward": 0}
         self._hooks: list[Any] = []
 
     # --- torch.compile backend -------------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        # forward seq_nr -> module, shared by the forward and backward graph of THIS compile only
+        # (seq_nr restarts in every Dynamo graph: graph breaks and recompiles must not mix)
+        fwd_modules: dict[int, tuple[str, str | None]] = {}
         if self.inner == "eager":
             from functorch.compile import make_boxed_func
             from torch._dynamo.backends.common import aot_autograd
 
             def compiler(phase: str) -> Callable[..., Any]:
                 def run(g: torch.fx.GraphModule, ex: list[Any]) -> Any:
-                    info = self._instrument(g, ex, phase)
+                    info = self._instrument(g, ex, phase, fwd_modules)
                     return _Wrapped(make_boxed_func(g.forward), info, self)
                 return run
 
@@ -121,7 +123,7 @@ class CompileCapture:
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
         def inner_compile(g: torch.fx.GraphModule, ex: list[Any], **kwargs: Any) -> Any:
-            info = self._instrument(g, ex, "backward" if kwargs.get("is_backward") else "forward")
+            info = self._instrument(g, ex, "backward" if kwargs.get("is_backward") else "forward", fwd_modules)
             compiled = compile_fx_inner(g, ex, **kwargs)
             _drop_extra_output_strides(info)
             return _Wrapped(compiled, info, self)
@@ -131,8 +133,9 @@ class CompileCapture:
         with _no_compile_caches():
             return compile_fx(gm, example_inputs, inner_compile=inner_compile)
 
-    def _instrument(self, gm: torch.fx.GraphModule, example_inputs: list[Any], phase: str) -> Instrumented:
-        info = instrument(gm, example_inputs, phase, self._fwd_modules)
+    def _instrument(self, gm: torch.fx.GraphModule, example_inputs: list[Any], phase: str,
+                    fwd_modules: dict[int, tuple[str, str | None]]) -> Instrumented:
+        info = instrument(gm, example_inputs, phase, fwd_modules)
         self._graphs[phase] += 1
         for reason, n in info.skipped.items():
             self._skipped[reason] = self._skipped.get(reason, 0) + n
