@@ -95,6 +95,9 @@ def test_compare_against_eager_aten_dump(tmp_path):
 def test_bad_mode_is_one_line_error(tmp_path):
     with pytest.raises(UsageError, match="mode='md5' is not supported"):
         compile_backend(tmp_path, mode="md5")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UsageError, match="is a file, not a directory"):
+        compile_backend(tmp_path / "f")
 
 
 @pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")),

@@ -96,6 +96,9 @@ class CompileCapture:
         if inner not in _INNERS:
             raise UsageError(f"compile_backend: inner={inner!r} is not a known inner compiler; use one of {', '.join(_INNERS)}")
         self.output_dir = Path(output_dir)
+        if self.output_dir.exists() and not self.output_dir.is_dir():
+            raise UsageError(f"compile_backend: output_dir {str(self.output_dir)!r} is a file, not a directory; "
+                             f"pass a new or empty directory for the dump")
         self.mode = mode
         self.inner = inner
         self.step_index = 0
