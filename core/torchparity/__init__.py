@@ -31,6 +31,7 @@ _LAZY = {
     "query": "torchparity.dump.query:query",
     "compact": "torchparity.dump.compact:compact",
     "compare": "torchparity.compare.api:compare",
+    "compile_backend": "torchparity.compile.backend:compile_backend",
     "CompareWithReference": "torchparity.online.compare:CompareWithReference",
     "CompareWithCPU": "torchparity.online.compare:CompareWithReference",
     "NanInfTracker": "torchparity.online.naninf:NanInfTracker",

@@ -1,0 +1,218 @@
+"""``torchparity.compile_backend``: a ``torch.compile`` backend that captures statistics inside the
+compiled forward and backward graphs and writes them as a torchparity dump (docs/compile.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..errors import UsageError
+from .instrument import Instrumented, instrument
+from .records import NodeRecord
+from .writer import write_step
+
+_MODES = ("statistics",)
+_INNERS = ("inductor", "eager")
+
+
+def _no_compile_caches() -> Any:
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    try:
+        import torch._functorch.config as fconf
+
+        if hasattr(fconf, "enable_autograd_cache"):
+            stack.enter_context(fconf.patch(enable_autograd_cache=False))
+    except ImportError:  # pragma: no cover - older torch
+        pass
+    import torch._inductor.config as iconf
+
+    if hasattr(iconf, "fx_graph_cache"):
+        stack.enter_context(iconf.patch(fx_graph_cache=False))
+    return stack
+
+
+def _drop_extra_output_strides(info: Instrumented) -> None:
+    """Inductor reports the strides of every graph output to AOTAutograd, which slices the saved
+    activations' strides from the end of that list: the statistics outputs must not be in it."""
+    try:
+        from torch._guards import TracingContext
+
+        tc = TracingContext.try_get()
+    except ImportError:  # pragma: no cover - older torch
+        return
+    strides = getattr(tc, "output_strides", None) if tc is not None else None
+    if strides is not None and info.n_outputs >= 0 and len(strides) > info.n_outputs:
+        del strides[info.n_outputs:]
+
+
+class _Wrapped:
+    """A compiled graph whose extra (statistics) outputs are taken off and kept by the capture.
+
+    Boxed calling convention (a list of inputs), as AOTAutograd calls its compilers' results;
+    other attributes are those of the wrapped compiled graph."""
+
+    def __init__(self, compiled: Callable[..., Any], info: Instrumented, capture: "CompileCapture") -> None:
+        # an instance attribute: torch._dynamo.disable wraps the backward with functools.wraps,
+        # which copies the instance __dict__ (a class attribute would be lost, and AOTAutograd
+        # would call the wrapper unboxed with a warning)
+        self._boxed_call = True
+        self._compiled = compiled
+        self._info = info
+        self._capture = capture
+
+    def __call__(self, *args: Any) -> Any:
+        # AOTAutograd calls forward graphs boxed (one list) and some backward paths unboxed;
+        # graph inputs are tensors and symbols, never lists, so the two cannot be confused.
+        boxed = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
+        shapes = self._info.concrete_shapes(boxed)  # before the call: a boxed callee frees its inputs
+        outs = self._compiled(boxed)
+        n = self._info.n_outputs
+        if n < 0:  # the graph returned a single value
+            self._capture._collect(self._info.records, list(outs[1:]), shapes)
+            return outs[0]
+        self._capture._collect(self._info.records, list(outs[n:]), shapes)
+        return type(outs)(outs[:n]) if isinstance(outs, tuple) else list(outs[:n])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._compiled, name)
+
+
+class CompileCapture:
+    """The backend object: pass it to ``torch.compile(model, backend=...)``.
+
+    Statistics stay on the device as tensors until the step ends (:meth:`step`, an optimizer
+    step when :meth:`attach` was called, or :meth:`close`); then they are read in one transfer and
+    written as ``step{S}/rank{R}`` of ``output_dir``."""
+
+    def __init__(self, output_dir: str | Path, *, mode: str = "statistics", inner: str = "inductor") -> None:
+        if mode not in _MODES:
+            raise UsageError(f"compile_backend: mode={mode!r} is not supported inside compiled graphs yet; "
+                             f"use mode='statistics' (md5/tensor modes: run the model eagerly under torchparity.dump)")
+        if inner not in _INNERS:
+            raise UsageError(f"compile_backend: inner={inner!r} is not a known inner compiler; use one of {', '.join(_INNERS)}")
+        self.output_dir = Path(output_dir)
+        if self.output_dir.exists() and not self.output_dir.is_dir():
+            raise UsageError(f"compile_backend: output_dir {str(self.output_dir)!r} is a file, not a directory; "
+                             f"pass a new or empty directory for the dump")
+        self.mode = mode
+        self.inner = inner
+        self.step_index = 0
+        self._buffer: list[tuple[list[NodeRecord], list[torch.Tensor], Any]] = []
+        self._skipped: dict[str, int] = {}
+        self._graphs = {"forward": 0, "backward": 0}
+        self._hooks: list[Any] = []
+
+    # --- torch.compile backend -------------------------------------------------------------
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        # forward seq_nr -> module, shared by the forward and backward graph of THIS compile only
+        # (seq_nr restarts in every Dynamo graph: graph breaks and recompiles must not mix)
+        fwd_modules: dict[int, tuple[str, str | None]] = {}
+        if self.inner == "eager":
+            from functorch.compile import make_boxed_func
+            from torch._dynamo.backends.common import aot_autograd
+
+            def compiler(phase: str) -> Callable[..., Any]:
+                def run(g: torch.fx.GraphModule, ex: list[Any]) -> Any:
+                    info = self._instrument(g, ex, phase, fwd_modules)
+                    return _Wrapped(make_boxed_func(g.forward), info, self)
+                return run
+
+            return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))(gm, example_inputs)
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        def inner_compile(g: torch.fx.GraphModule, ex: list[Any], **kwargs: Any) -> Any:
+            info = self._instrument(g, ex, "backward" if kwargs.get("is_backward") else "forward", fwd_modules)
+            compiled = compile_fx_inner(g, ex, **kwargs)
+            _drop_extra_output_strides(info)
+            return _Wrapped(compiled, info, self)
+
+        # the AOTAutograd and FX graph caches would hand back a graph compiled without the
+        # instrumentation (their keys do not include our inner compiler): off for this compile
+        with _no_compile_caches():
+            return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+    def _instrument(self, gm: torch.fx.GraphModule, example_inputs: list[Any], phase: str,
+                    fwd_modules: dict[int, tuple[str, str | None]]) -> Instrumented:
+        info = instrument(gm, example_inputs, phase, fwd_modules)
+        self._graphs[phase] += 1
+        for reason, n in info.skipped.items():
+            self._skipped[reason] = self._skipped.get(reason, 0) + n
+        return info
+
+    def _collect(self, records: list[NodeRecord], stats: list[torch.Tensor],
+                 shapes: dict[int, tuple[list[int], list[int]]] | None = None) -> None:
+        """Keep one graph run's statistics (device tensors; no host sync here) and, for records
+        of symbolic size, this run's shapes."""
+        self._buffer.append((records, [s.detach() for s in stats], shapes))
+
+    # --- steps -------------------------------------------------------------------------------
+    def attach(self, optimizer: torch.optim.Optimizer) -> "CompileCapture":
+        """End a step after every ``optimizer.step()``."""
+        self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.step()))
+        return self
+
+    def step(self) -> int:
+        """End the current step: read its statistics to the host (one transfer) and write them.
+        Returns the number of records written."""
+        buf, self._buffer = self._buffer, []
+        if not buf:
+            self.step_index += 1
+            return 0
+        flat = [s for _, stats, _ in buf for s in stats]
+        host: list[list[float]] = []
+        if flat:
+            by_dev: dict[tuple[Any, Any], list[int]] = {}
+            for i, s in enumerate(flat):
+                by_dev.setdefault((s.device, s.dtype), []).append(i)
+            host = [[]] * len(flat)
+            for idx in by_dev.values():
+                rows = torch.stack([flat[i] for i in idx]).to("cpu", torch.float64).tolist()
+                for i, r in zip(idx, rows):
+                    host[i] = r
+        captured = []
+        k = 0
+        for records, _, shapes in buf:
+            for j, rec in enumerate(records):
+                if shapes and j in shapes:
+                    rec = dataclasses.replace(rec, shape=shapes[j][0], stride=shapes[j][1])
+                captured.append((rec, host[k]))
+                k += 1
+        n = write_step(self.output_dir, self.step_index, captured, self.header())
+        self.step_index += 1
+        return n
+
+    def header(self) -> dict[str, Any]:
+        """What the dump header says about the compiled capture (graphs, what was not captured)."""
+        return {"backend": "torchparity.compile_backend", "inner": self.inner, "graphs": dict(self._graphs),
+                "not_captured": dict(self._skipped)}
+
+    def close(self) -> None:
+        """Write what is pending and remove the optimizer hooks."""
+        if self._buffer:
+            self.step()
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def __enter__(self) -> "CompileCapture":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def compile_backend(output_dir: str | Path, *, mode: str = "statistics", inner: str = "inductor") -> CompileCapture:
+    """A ``torch.compile`` backend capturing statistics inside the compiled graphs::
+
+        cap = torchparity.compile_backend("dumps/compiled")
+        model = torch.compile(model, backend=cap)
+        cap.attach(optimizer)       # a step per optimizer.step()
+        ...
+        cap.close()
+    """
+    return CompileCapture(output_dir, mode=mode, inner=inner)

@@ -1,0 +1,212 @@
+"""The graph pass: add in-graph statistics of each floating call_function node's output.
+
+Each instrumented node gets a ``[max, min, mean, norm, nan, inf]`` vector computed by nodes added
+to the same graph (so Inductor can fuse the reductions into the kernels that produce the value);
+the vectors are appended to the graph's outputs and taken off again by the wrapper in
+:mod:`.backend` before the caller sees them. The added nodes only read the user's values.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from .records import NodeRecord, module_of, source_line, stable_id
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+@dataclass
+class Instrumented:
+    """What the pass did to one graph."""
+
+    n_outputs: int  # outputs of the original graph (the extra ones follow)
+    records: list[NodeRecord] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> node count
+    # dynamic shapes: (input index, dim or None for a SymInt input, sympy symbol) bindings that
+    # give the symbols' values from a run's inputs, and per record its symbolic shape and stride
+    bindings: list[tuple[int, int | None, Any]] = field(default_factory=list)
+    symbolic: dict[int, tuple[list[Any], list[Any]]] = field(default_factory=dict)
+
+    def concrete_shapes(self, args: list[Any]) -> dict[int, tuple[list[int], list[int]]] | None:
+        """Record index -> (shape, stride) of this run, for records with symbolic sizes."""
+        if not self.symbolic:
+            return None
+        env = {}
+        for i, dim, sym in self.bindings:
+            a = args[i]
+            env[sym] = int(a) if dim is None else int(a.shape[dim]) if dim >= 0 else int(a.stride()[-dim - 1])
+        return {k: ([_eval(e, env) for e in shp], [_eval(e, env) for e in st]) for k, (shp, st) in self.symbolic.items()}
+
+
+def _eval(e: Any, env: dict[Any, int]) -> int:
+    if isinstance(e, int):
+        return e
+    try:
+        return int(e.subs(env))
+    except (TypeError, ValueError):  # a symbol not bound by the inputs
+        return 0
+
+
+def _dim(x: Any) -> Any:
+    """An int, or the sympy expression of a symbolic size."""
+    if isinstance(x, int):
+        return x
+    node = getattr(x, "node", None)
+    expr = getattr(node, "expr", None)
+    if expr is not None and getattr(expr, "is_number", False):
+        return int(expr)
+    return expr if expr is not None else int(x)
+
+
+def _bindings(gm: torch.fx.GraphModule) -> list[tuple[int, int | None, Any]]:
+    out: list[tuple[int, int | None, Any]] = []
+    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            e = _dim(v)
+            if getattr(e, "is_Symbol", False):
+                out.append((i, None, e))
+        elif isinstance(v, torch.Tensor):
+            for d, size in enumerate(v.shape):
+                e = _dim(size)
+                if getattr(e, "is_Symbol", False):
+                    out.append((i, d, e))
+            for d, st in enumerate(v.stride()):
+                e = _dim(st)
+                if getattr(e, "is_Symbol", False):
+                    out.append((i, -d - 1, e))
+    return out
+
+
+def _fake_mode(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+    from torch._guards import detect_fake_mode
+
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)]) or detect_fake_mode(example_inputs)
+
+
+def _is_view(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    if getattr(target, "is_view", False):
+        return True
+    if schema is None:
+        return False
+    return any(a.alias_info is not None and not a.alias_info.is_write for a in schema.returns)
+
+
+def _add(graph: torch.fx.Graph, mode: Any, target: Any, *args: Any) -> torch.fx.Node:
+    """Add ``target(*args)`` to ``graph`` with its fake ``meta["val"]`` (Inductor needs it)."""
+    node = graph.call_function(target, args)
+
+    def val(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return a.meta["val"]
+        if isinstance(a, (list, tuple)):
+            return type(a)(val(x) for x in a)
+        return a
+
+    if mode is not None:
+        with mode:
+            node.meta["val"] = target(*val(args))
+    else:
+        node.meta["val"] = target(*val(args))
+    return node
+
+
+def _stats_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    f = v if dtype == acc else _add(graph, mode, prims.convert_element_type.default, v, acc)
+    mx = _add(graph, mode, aten.amax.default, f, [])
+    mn = _add(graph, mode, aten.amin.default, f, [])
+    mean = _add(graph, mode, aten.mean.default, f)
+    sq = _add(graph, mode, aten.mul.Tensor, f, f)
+    norm = _add(graph, mode, aten.sqrt.default, _add(graph, mode, aten.sum.default, sq))
+    counts = []
+    for test in (aten.isnan.default, aten.isinf.default):
+        flags = _add(graph, mode, prims.convert_element_type.default, _add(graph, mode, test, v), acc)
+        counts.append(_add(graph, mode, aten.sum.default, flags))
+    # cat of unsqueezed scalars rather than aten.stack (Inductor lowers stack only by decomposition)
+    parts = [_add(graph, mode, aten.unsqueeze.default, x, 0) for x in (mx, mn, mean, norm, *counts)]
+    return _add(graph, mode, aten.cat.default, parts, 0)
+
+
+def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
+               fwd_modules: dict[int, tuple[str, str | None]]) -> Instrumented:
+    """Instrument ``gm`` in place. ``fwd_modules`` maps a forward node's ``seq_nr`` to its module
+    (filled in the forward phase, read in the backward phase, whose nodes carry no module stack)."""
+    graph = gm.graph
+    mode = _fake_mode(gm, example_inputs)
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    outs = out_node.args[0]
+    single = not isinstance(outs, (list, tuple))
+    outs = [outs] if single else list(outs)
+    res = Instrumented(n_outputs=len(outs))
+    counters: dict[tuple[str, str, str], int] = {}
+    targets = [n for n in graph.nodes if n.op == "call_function"]
+    extra: list[torch.fx.Node] = []
+
+    def skip(reason: str) -> None:
+        res.skipped[reason] = res.skipped.get(reason, 0) + 1
+
+    for node in targets:
+        val = node.meta.get("val")
+        target = node.target
+        if target is operator.getitem:
+            # output 0 of a multi-output op (native_layer_norm ...) stands for that op
+            src = node.args[0]
+            if node.args[1] != 0 or not isinstance(src, torch.fx.Node) or src.op != "call_function":
+                continue
+            target = src.target
+            meta_node = src
+        else:
+            meta_node = node
+        if not isinstance(val, torch.Tensor):
+            continue
+        if not val.dtype.is_floating_point:
+            continue
+        if _is_view(target):
+            continue
+        numel = val.numel()
+        if isinstance(numel, int) and numel == 0:
+            skip("empty tensor")
+            continue
+        op = str(target)
+        seq_nr = meta_node.meta.get("seq_nr")
+        if phase == "backward":
+            if meta_node.meta.get("nn_module_stack"):
+                skip("forward node recomputed in the backward graph (its forward value is captured)")
+                continue
+            module, cls = fwd_modules.get(seq_nr, ("", None)) if seq_nr is not None else ("", None)
+        else:
+            module, cls = module_of(meta_node.meta)
+            if seq_nr is not None:
+                fwd_modules.setdefault(seq_nr, (module, cls))
+        key = (phase, module, op)
+        idx = counters.get(key, 0)
+        counters[key] = idx + 1
+        with graph.inserting_before(out_node):
+            extra.append(_stats_nodes(graph, mode, node, val.dtype))
+        shp, st = [_dim(x) for x in val.shape], [_dim(x) for x in val.stride()]
+        if not all(isinstance(x, int) for x in shp + st):
+            res.symbolic[len(res.records)] = (shp, st)
+        res.records.append(NodeRecord(
+            node=node.name, op=op, phase=phase, module=module, module_class=cls, call_index=idx,
+            node_id=stable_id(module, phase, op, idx), source=source_line(meta_node.meta),
+            dtype=str(val.dtype).replace("torch.", ""), shape=[x if isinstance(x, int) else 0 for x in shp],
+            stride=[x if isinstance(x, int) else 0 for x in st], device=str(val.device),
+            seq_nr=seq_nr))
+    if res.symbolic:
+        res.bindings = _bindings(gm)
+    if extra:
+        new = tuple(outs) + tuple(extra)
+        out_node.args = (new,) if not single else (new,)
+        res.n_outputs = len(outs) if not single else -1
+        graph.lint()
+        gm.recompile()
+    return res
