@@ -11,6 +11,12 @@ import torchparity
 from torchparity.capture.compiled import MODULE_LEVEL_OK, CompiledModelError
 from torchparity.errors import UsageError
 
+# torch 2.1: calling torch.compile at all re-wraps every optimizer class's step() for the whole
+# process (Dynamo's TorchPatcher), and the optimizer step hooks every torchparity tool ends its
+# steps with stop firing; such a test would break the tests after it (docs/compile.md, limits)
+pytestmark = pytest.mark.skipif(not MODULE_LEVEL_OK, reason="torch.compile on torch 2.1 breaks optimizer "
+                                "step hooks process-wide (it cannot share the test process)")
+
 
 def _model() -> nn.Module:
     torch.manual_seed(0)
@@ -69,9 +75,3 @@ def test_a_module_level_dump_keeps_the_compiled_numerics(tmp_path):
         got = _train(model)
     assert _same(got, reference)
     assert len(torchparity.load_dump(tmp_path / "d")) > 0
-
-
-@pytest.mark.skipif(MODULE_LEVEL_OK, reason="only torch < 2.2 refuses a module-level dump of a compiled model")
-def test_old_torch_refuses_a_module_level_dump_of_a_compiled_model(tmp_path):
-    with pytest.raises(CompiledModelError):
-        torchparity.dump(tmp_path / "d", level="module", model=torch.compile(_model(), backend="aot_eager")).start()
