@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -162,18 +163,18 @@ def _gloo() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _gloo(), reason="torch.distributed with gloo is not available")
-def test_torchrun_two_workers(planted: tuple[Path, Path], tmp_path: Path) -> None:
+def _torchrun_compare(planted: tuple[Path, Path], out_dir: Path) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node 2 -m torchparity compare ... --json`` on a fresh port, in its own
+    process group (on a timeout the workers go with the launcher: no orphan left waiting)."""
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    # its own process group: on a timeout the workers go with the launcher (no orphan left waiting)
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
                              "127.0.0.1", "--master-port", str(port), "-m", "torchparity", "compare", str(planted[0]),
-                             str(planted[1]), "-o", str(tmp_path / "out"), "--json"],
+                             str(planted[1]), "-o", str(out_dir), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=240)
@@ -181,7 +182,23 @@ def test_torchrun_two_workers(planted: tuple[Path, Path], tmp_path: Path) -> Non
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         pytest.fail(f"torchrun compare did not finish in 240 s; its output:\n{stdout[-2000:]}\n{stderr[-3000:]}")
-    p = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.skipif(not _gloo(), reason="torch.distributed with gloo is not available")
+def test_torchrun_two_workers(planted: tuple[Path, Path], tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    p = _torchrun_compare(planted, out_dir)
+    if "{" not in p.stdout:
+        # a launch that never produced a summary (seen once in ~20 runs on the loaded 2-core VM: the
+        # free port picked above taken before torchrun bound it) is retried once on a new port,
+        # and its output kept in the failure message should the retry fail too
+        first = p.stderr[-3000:]
+        warnings.warn(f"torchrun compare gave no summary (exit {p.returncode}); retrying once:\n{first}")
+        out_dir = tmp_path / "out2"
+        p = _torchrun_compare(planted, out_dir)
+        assert "{" in p.stdout, (f"no JSON summary twice (exit {p.returncode}); first stderr:\n{first}\n"
+                                 f"second stderr:\n{p.stderr[-3000:]}")
     import json
 
     out = p.stdout
@@ -190,7 +207,7 @@ def test_torchrun_two_workers(planted: tuple[Path, Path], tmp_path: Path) -> Non
     assert s["launcher"] == {"name": "torchrun", "world_size": 2}
     assert len(s["workers"]) == 2 and sum(w["shards"] for w in s["workers"]) == 8
     assert p.returncode != 0  # the divergence's exit code 1 reaches the launcher
-    assert (tmp_path / "out" / "job_report.md").is_file()
+    assert (out_dir / "job_report.md").is_file()
 
 
 def test_one_process_launcher_still_gives_the_job_report(planted: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
