@@ -12,7 +12,7 @@ import torch
 from ..errors import UsageError
 from .instrument import Instrumented, instrument
 from .records import NodeRecord
-from .writer import write_step
+from .writer import CompiledDump
 
 _MODES = ("statistics",)
 _INNERS = ("inductor", "eager")
@@ -106,6 +106,7 @@ class CompileCapture:
         self._skipped: dict[str, int] = {}
         self._graphs = {"forward": 0, "backward": 0}
         self._hooks: list[Any] = []
+        self._dump = CompiledDump(self.output_dir, self.header)
 
     # --- torch.compile backend -------------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -182,7 +183,7 @@ class CompileCapture:
                     rec = dataclasses.replace(rec, shape=shapes[j][0], stride=shapes[j][1])
                 captured.append((rec, host[k]))
                 k += 1
-        n = write_step(self.output_dir, self.step_index, captured, self.header())
+        n = self._dump.write_step(self.step_index, captured)
         self.step_index += 1
         return n
 
@@ -198,6 +199,7 @@ class CompileCapture:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        self._dump.close()
 
     def __enter__(self) -> "CompileCapture":
         return self

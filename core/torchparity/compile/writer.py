@@ -1,100 +1,83 @@
-"""A small writer of torchparity dumps (docs/dump-format.md) for records captured in compiled
-graphs: one ``step{S}/rank{R}`` directory per step, written at the step's end."""
+"""The dump of records captured in compiled graphs, written by the dump's own writer.
+
+The records become :class:`~torchparity.records.OpRecord`/``TensorEntry`` objects and go to a
+:class:`~torchparity.dump.writer.DumpWriter` like an eager dump's: the same layout
+(docs/dump-format.md), rank lock, crash safety, footers and Parquet summaries. Each step's
+``header.json`` carries ``compile``: the graphs instrumented and what was not captured.
+"""
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
-import math
-import os
-import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from ..records import STAT_KEYS
+from ..capture.batch import Batch
+from ..capture.ranks import current_rank, world_size
+from ..records import FORMAT_NAME, FORMAT_VERSION, op_record, tensor_entry
 from .records import NodeRecord
 
 
-def _num(x: float) -> Any:
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "Infinity" if x > 0 else "-Infinity"
-    return x
+class CompiledDump:
+    """Step by step, the records of one :class:`~torchparity.compile.backend.CompileCapture`.
+    The writer starts with the first step written (nothing is created before)."""
 
+    def __init__(self, root: Path, compile_header: Callable[[], dict[str, Any]]) -> None:
+        self.root = root
+        self.compile_header = compile_header
+        self._writer: Any = None
+        self._rank = 0
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    def _open(self) -> Any:
+        from .. import __version__
+        from ..dump.writer import DumpWriter
 
+        self._rank = current_rank()
+        header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__, "level": "aten",
+                  "mode": "statistics", "checksum": None, "world_size": world_size(),
+                  "torch_version": torch.__version__}
+        self._writer = DumpWriter(self.root, header, rank=self._rank,
+                                  step_header=lambda step: {"compile": self.compile_header()})
+        return self._writer
 
-def _rank() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
+    def write_step(self, step: int, captured: list[tuple[NodeRecord, list[float]]]) -> int:
+        """Write one step's records (``captured``: record and its host statistics, in execution
+        order). Returns the number of records written."""
+        writer = self._writer or self._open()
+        rank = self._rank
+        names: dict[str, int] = {}
+        calls: dict[tuple[str, str, str], int] = {}
+        stacks: dict[str, int] = {}
+        records, slots, rows = [], [], []
+        for rid, (rec, stats) in enumerate(captured):
+            short = rec.op.split(".")[1] if rec.op.startswith(("aten.", "prims.")) else rec.op.split(".")[0]
+            n = names.get(short, 0)
+            names[short] = n + 1
+            key = (rec.phase, rec.module, rec.op)
+            ci = calls.get(key, 0)
+            calls[key] = ci + 1
+            stack = None
+            if rec.source:
+                stack = stacks.get(rec.source)
+                if stack is None:
+                    stack = stacks[rec.source] = len(stacks)
+                    writer.add_stack(step, rank, stack, [rec.source])
+            r = op_record(rid, f"Aten.{short}.{n}.{rec.phase}", rec.op, "aten", rec.phase, rec.module, ci, step,
+                          rank, rec.module_class, None, stack,
+                          {"compiled": True, "node": rec.node, "node_id": rec.node_id})
+            e = tensor_entry("output", "0", rec.dtype, rec.shape, rec.stride, rec.device, False)
+            r.tensors = [e]
+            records.append(r)
+            slots.append(e)
+            rows.append(stats)
+        writer.submit(Batch(step, rank, records, slots, torch.tensor(rows, dtype=torch.float64).reshape(-1, 6)))
+        writer.end_step(step)
+        writer.flush()  # on disk when step() returns, as the statistics are on the host by then
+        return len(records)
 
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:  # pragma: no cover - distributed not built in
-        pass
-    return 0, 1
-
-
-def write_step(root: Path, step: int, captured: list[tuple[NodeRecord, list[float]]], header_extra: dict[str, Any]) -> int:
-    """Write one step's records (``captured``: record and its host statistics, in execution
-    order). Returns the number of records written."""
-    rank, world = _rank()
-    root.mkdir(parents=True, exist_ok=True)
-    if not (root / "torchparity.json").exists():
-        _write_json(root / "torchparity.json", {"format": "torchparity-dump", "version": 1,
-                                                "tool_version": _tool_version(), "created": _now()})
-    d = root / f"step{step}" / f"rank{rank}"
-    d.mkdir(parents=True, exist_ok=True)
-    header = {"format": "torchparity-dump", "version": 1, "step": step, "rank": rank, "world_size": world,
-              "level": "aten", "mode": "statistics", "checksum": None, "created": _now(), "pid": os.getpid(),
-              "hostname": socket.gethostname(), "torch_version": torch.__version__, "compile": header_extra}
-    _write_json(d / "header.json", header)
-    names: dict[str, int] = {}
-    calls: dict[tuple[str, str, str], int] = {}
-    stacks: dict[str, int] = {}
-    lines = []
-    for rid, (rec, stats) in enumerate(captured):
-        short = rec.op.split(".")[1] if rec.op.startswith(("aten.", "prims.")) else rec.op.split(".")[0]
-        n = names.get(short, 0)
-        names[short] = n + 1
-        key = (rec.phase, rec.module, rec.op)
-        ci = calls.get(key, 0)
-        calls[key] = ci + 1
-        stack = None
-        if rec.source:
-            stack = stacks.setdefault(rec.source, len(stacks))
-        entry = {"io": "output", "arg": "0", "kind": "tensor", "dtype": rec.dtype, "shape": rec.shape,
-                 "stride": rec.stride, "device": rec.device, "requires_grad": False,
-                 "stats": {k: (int(v) if k in ("nan", "inf") and math.isfinite(v) else _num(float(v)))
-                           for k, v in zip(STAT_KEYS, stats)}}
-        lines.append(json.dumps({
-            "id": rid, "name": f"Aten.{short}.{n}.{rec.phase}", "op": rec.op, "level": "aten", "phase": rec.phase,
-            "module": rec.module, "module_class": rec.module_class, "call_index": ci, "step": step, "rank": rank,
-            "fwd": None, "stack": stack, "tensors": [entry],
-            "flags": {"compiled": True, "node": rec.node, "node_id": rec.node_id}}))
-    with open(d / "records.jsonl", "w", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in lines))
-        f.flush()
-        os.fsync(f.fileno())
-    with open(d / "stacks.jsonl", "w", encoding="utf-8") as f:
-        f.write("".join(json.dumps({"id": i, "frames": [s]}) + "\n" for s, i in stacks.items()))
-    _write_json(d / "footer.json", {"complete": True, "records": len(lines), "tensor_bytes": 0,
-                                    "budget_exhausted": False, "dropped_tensors": 0})
-    return len(lines)
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _tool_version() -> str:
-    from .. import __version__
-
-    return __version__
+    def close(self) -> None:
+        """Write what is queued and close the dump."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
