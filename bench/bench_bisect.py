@@ -86,6 +86,7 @@ def main() -> None:
     print(bench_line)
     lines = ["# Precision bisect (`bench/bench_bisect.py`)", "",
              f"command: `python bench/bench_bisect.py --sizes {args.sizes}`", "",
+             f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              *[f"- {k}: {v}" for k, v in machine().items()], "",
              "Synthetic stacks of N blocks (one module each: matmul, add, softmax), block `hot` fed logits near 256;"
              " emulated bf16 vs fp32. Re-runs count the promoted re-runs (the reference and the baseline run are 2 more).", "",
