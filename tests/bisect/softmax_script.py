@@ -1,6 +1,6 @@
 """Bisect fixture: a stack of blocks, each a linear layer and a softmax; one block feeds its softmax
 large logits (``hot``), so in bf16 its rounding is what diverges. Entry functions: ``main`` (hot
-block 5 of 8), ``clean`` (no hot block), ``steps`` (three training steps, per-step losses)."""
+block 5 of 8), ``clean`` (no hot block), ``steps`` (two training steps, per-step outputs), ``native`` (for ``target="native"``)."""
 
 from __future__ import annotations
 
@@ -33,14 +33,23 @@ def clean() -> torch.Tensor:
 
 
 def steps() -> list[torch.Tensor]:
-    """Three SGD steps; the outputs of each step."""
+    """Two SGD steps; the outputs of each step."""
     model = build()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     outs = []
-    for _ in range(3):
+    for _ in range(2):
         opt.zero_grad()
         out = model(torch.randn(4, 16))
         out.square().mean().backward()
         opt.step()
         outs.append(out.detach())
     return outs
+
+
+def native(target: bool) -> torch.Tensor:
+    """The same stack run natively in bf16 (``target=True``) or fp32: for ``--target native``."""
+    model = build()
+    x = torch.randn(4, 16)
+    if target:
+        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    return model(x).float()

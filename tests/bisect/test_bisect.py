@@ -33,7 +33,7 @@ def test_finds_the_softmax_module_and_op(tmp_path: Path) -> None:
 
 
 def test_a_later_step_is_bisected() -> None:
-    rep = torchparity.bisect(SCRIPT, entry="steps", step=2)
+    rep = torchparity.bisect(SCRIPT, entry="steps", step=1)
     assert rep.verdict == "culprit" and rep.culprit_modules == ["5"]
 
 
@@ -48,7 +48,7 @@ def test_clean_pair_has_nothing_to_bisect(tmp_path: Path, capsys: pytest.Capture
 @pytest.mark.parametrize("args, words", [
     (["missing.py"], "does not exist"),
     ([SCRIPT, "--entry", "nope"], "has no function 'nope'"),
-    ([SCRIPT, "--entry", "steps", "--step", "3"], "step 3 is out of range"),
+    ([SCRIPT, "--entry", "steps", "--step", "2"], "step 2 is out of range"),
     ([SCRIPT, "--step", "1"], "step 1 is out of range"),
     ([SCRIPT, "--target", "gpu"], "target must be one of"),
 ])
@@ -80,3 +80,52 @@ def test_two_culprits_are_both_found() -> None:
 def test_bad_step_raises_usage_error() -> None:
     with pytest.raises(UsageError):
         torchparity.bisect(SCRIPT, entry="main", step=-1)
+
+
+def test_promotion_changes_only_the_promoted_ops() -> None:
+    import torch
+    from torchparity_backend_emulated import emulate
+
+    from torchparity.bisect.promote import _upcast
+
+    x = torch.randn(64, 64)
+    with emulate(dtype="bfloat16"):
+        plain = torch.softmax(x @ x + 256, -1)
+    with emulate(dtype="bfloat16", promote=lambda c: False):
+        none = torch.softmax(x @ x + 256, -1)
+    with emulate(dtype="bfloat16", promote=lambda c: True):
+        every = torch.softmax(x @ x + 256, -1)
+    with emulate(dtype="bfloat16", promote=lambda c: c.info.base == "_softmax"):
+        only_softmax = torch.softmax(x @ x + 256, -1)
+    assert torch.equal(plain, none)  # nothing promoted: bitwise the emulated run
+    assert torch.equal(every, torch.softmax(x @ x + 256, -1))  # everything: bitwise the fp32 run
+    with emulate(dtype="bfloat16"):
+        mm_add = (x @ x) + 256  # matmul and add rounded, the softmax computed in fp32
+    assert torch.equal(only_softmax, torch.softmax(mm_add, -1)) and not torch.equal(only_softmax, plain)
+
+    # native: the upcasting consumer computes the chosen ops in fp32 and keeps the tensors' dtypes
+    b = torch.randn(8, 8).to(torch.bfloat16)
+    seen: list[str] = []
+    with _upcast(lambda c: seen.append(c.info.base) or c.info.base == "mul", torch.float32):
+        y = b * 3.3 + 1
+    assert y.dtype == torch.bfloat16 and "mul" in seen
+    assert torch.equal(y, ((b.float() * 3.3).to(torch.bfloat16) + 1))
+
+
+def test_native_target_says_storage_not_compute() -> None:
+    rep = torchparity.bisect(SCRIPT, entry="native", target="native")
+    assert rep.verdict == "not_precision" and rep.culprit_ops == []
+    assert "not a problem of how ops compute" in rep.summary()
+
+
+def test_report_carries_the_compare_root_cause(tmp_path: Path) -> None:
+    cmp = tmp_path / "cmp"
+    cmp.mkdir()
+    rc = {"name": "Aten._softmax.5.forward", "op": "aten._softmax.default", "module": "5", "phase": "forward",
+          "step": 0, "rank": 0, "index": 12, "score": 40.0}
+    (cmp / "compare.json").write_text(json.dumps({"format": "torchparity-compare", "root_cause": rc}))
+    rep = torchparity.bisect(SCRIPT, entry="clean", compare_dir=cmp)
+    assert rep.compare_root_cause["name"] == "Aten._softmax.5.forward"
+    assert "compare's root cause: Aten._softmax.5.forward in 5" in rep.summary()
+    with pytest.raises(UsageError, match="has no compare.json"):
+        torchparity.bisect(SCRIPT, entry="clean", compare_dir=tmp_path)

@@ -68,7 +68,11 @@ class BisectReport:
             lines.append("no divergence to bisect: the target run is within tolerance")
         elif self.verdict == "not_precision":
             lines.append(f"promoting every op to {self.promote_dtype} leaves error {self.error_after_promotion:.4g}: "
-                         f"not a precision problem (no culprit)")
+                         f"not a problem of how ops compute (no culprit)")
+            if self.target == "native":
+                lines.append("(native target: promoted ops cast back to the 16-bit dtype, so what the tensors store "
+                             "-- inputs, parameters, activations -- stays rounded; on the CPU, bf16 kernels already "
+                             "accumulate in float32)")
         else:
             lines.append(f"culprit module(s): {', '.join(m or '(top level)' for m in self.culprit_modules)}")
             lines.append(f"culprit op(s): {'; '.join(self.culprit_ops)}")
