@@ -127,5 +127,8 @@ def test_report_carries_the_compare_root_cause(tmp_path: Path) -> None:
     rep = torchparity.bisect(SCRIPT, entry="clean", compare_dir=cmp)
     assert rep.compare_root_cause["name"] == "Aten._softmax.5.forward"
     assert "compare's root cause: Aten._softmax.5.forward in 5" in rep.summary()
+    assert rep.compare_agreement is None  # nothing to bisect: nothing to confirm
+    rep = torchparity.bisect(SCRIPT, entry="main", compare_dir=cmp)
+    assert rep.compare_agreement == "confirmed" and "confirmed by experiment" in rep.summary()
     with pytest.raises(UsageError, match="has no compare.json"):
         torchparity.bisect(SCRIPT, entry="clean", compare_dir=tmp_path)

@@ -41,6 +41,7 @@ class BisectReport:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["compare_agreement"] = self.compare_agreement
         for k in ("baseline_error", "error_after_promotion"):
             v = d[k]
             if isinstance(v, float) and not math.isfinite(v):
@@ -82,9 +83,21 @@ class BisectReport:
                      f"{self.n_modules} modules, {self.n_ops} ops searched)")
         rc = self.compare_root_cause
         if rc:
+            agree = {"confirmed": " -- among the bisect's culprit ops: confirmed by experiment",
+                     "differs": " -- NOT among the bisect's culprit ops"}.get(self.compare_agreement or "", "")
             lines.append(f"compare's root cause: {rc.get('name')} in {rc.get('module') or '(top level)'}, "
-                         f"{rc.get('phase')}, step {rc.get('step')}")
+                         f"{rc.get('phase')}, step {rc.get('step')}{agree}")
         return "\n".join(lines)
+
+    @property
+    def compare_agreement(self) -> str | None:
+        """``confirmed`` when the compare's root cause is one of the culprit ops (same record name and
+        module), ``differs`` when there is a culprit but not it, None otherwise."""
+        rc = self.compare_root_cause
+        if not rc or self.verdict != "culprit":
+            return None
+        me = f"{rc.get('module') or '(top level)'}: {rc.get('name')}"
+        return "confirmed" if me in self.culprit_ops else "differs"
 
 
 def compare_root_cause(compare_dir: str | Path) -> dict | None:
