@@ -36,6 +36,7 @@ _LAZY = {
     "CompareWithCPU": "torchparity.online.compare:CompareWithReference",
     "NanInfTracker": "torchparity.online.naninf:NanInfTracker",
     "replay": "torchparity.online.replay:replay",
+    "bisect": "torchparity.bisect:bisect",
     "GradMonitor": "torchparity.gradients.monitor:GradMonitor",
     "ReplicaCheck": "torchparity.replicas.online:ReplicaCheck",
     "check_replicas": "torchparity.replicas.offline:check_replicas",

@@ -91,13 +91,17 @@ class EmulatedDeviceMode(OpConsumer):
     torchparity_emulated = True
     layer = LAYER_DEVICE
 
-    def __init__(self, dtype: Any = None, faults: Iterable[Fault | dict] = ()) -> None:
+    def __init__(self, dtype: Any = None, faults: Iterable[Fault | dict] = (),
+                 promote: Callable[[OpCall], bool] | None = None) -> None:
         self.dtype = resolve_dtype(dtype)
         self.faults: list[Fault] = [Fault.from_mapping(f) for f in (faults or ())]
+        #: ops for which this returns True are computed at full precision (not rounded): the
+        #: per-op/per-module exclusion that ``torchparity.bisect`` promotes with
+        self.promote = promote
         self.step = 0
         self.injections: list[Injection] = []
-        # faults name ops by module: only then does the stream track modules (and recomputes)
-        self.needs_modules = bool(self.faults)
+        # faults and promotions name ops by module: only then does the stream track modules
+        self.needs_modules = bool(self.faults) or promote is not None
         self._emulate: dict[int, bool] = {}  # id(overload) -> computed in the emulated dtype
         #: ops whose kernel refused all-rounded inputs: computed at full precision, result rounded
         self.rounded_outputs_only: set[str] = set()
@@ -142,7 +146,8 @@ class EmulatedDeviceMode(OpConsumer):
     def on_op(self, call: OpCall, args: tuple, kwargs: dict, run: Callable[..., Any]) -> Any:
         # the stream never hands over the tool's own ops (tool_is_busy): they run untouched
         info = call.info
-        if self.dtype is not None and self._emulates(info):
+        if self.dtype is not None and self._emulates(info) and not (self.promote is not None
+                                                                   and self.promote(call)):
             out = self._reduced(run, info.func, args, kwargs)
         else:
             out = run(*args, **kwargs)
@@ -291,10 +296,13 @@ class emulate:
     Args:
         dtype: ``"bfloat16"``, ``"float16"`` or ``None`` (full precision, faults only).
         faults: :class:`Fault` objects or mappings with the same keys.
+        promote: optional predicate on the op stream's :class:`OpCall`; the ops it accepts are
+            computed at full precision instead of ``dtype`` (what ``torchparity.bisect`` uses).
     """
 
-    def __init__(self, dtype: Any = None, faults: Iterable[Fault | dict] = ()) -> None:
-        self.mode = EmulatedDeviceMode(dtype, faults)
+    def __init__(self, dtype: Any = None, faults: Iterable[Fault | dict] = (),
+                 promote: Callable[[OpCall], bool] | None = None) -> None:
+        self.mode = EmulatedDeviceMode(dtype, faults, promote)
 
     def __enter__(self) -> EmulatedDeviceMode:
         return self.mode.__enter__()

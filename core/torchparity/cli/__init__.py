@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compact": ("torchparity.cli.compact_cmd", "compact"),
     "query": ("torchparity.cli.query_cmd", "query"),
     "replicas": ("torchparity.cli.replicas_cmd", "replicas"),
+    "bisect": ("torchparity.cli.bisect_cmd", "bisect"),
 }
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2

@@ -1,0 +1,145 @@
+"""``torchparity.bisect(script, entry=..., step=...)``: prove which modules/ops cause a divergence.
+
+Runs the entry function once as the reference and once as the target, then re-runs the target with
+sets of units promoted (see :mod:`.promote`), searching first over the modules (in execution order,
+so neighbouring units are neighbouring subtrees), then over the ops of the culprit modules
+(:mod:`.search`). Every verdict comes from a re-run judged by :mod:`.judge`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import UsageError
+from .judge import default_tolerance, flatten_outputs, output_error
+from .promote import OpKey, describe_op, op_key, target_context
+from .report import BisectReport, compare_root_cause
+from .script import call_entry, load_entry, pick_step
+from .search import Probe, minimal_set
+
+TARGETS = ("emulated:bfloat16", "emulated:float16", "native")
+
+
+def _check_target(target: str) -> str:
+    aliases = {"emulated": "emulated:bfloat16", "emulated:bf16": "emulated:bfloat16",
+               "emulated:fp16": "emulated:float16", "bf16": "emulated:bfloat16", "fp16": "emulated:float16"}
+    t = aliases.get(target, target)
+    if t not in TARGETS:
+        raise UsageError(f"bisect: target must be one of {', '.join(TARGETS)}, got {target!r}")
+    return t
+
+
+def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str = "emulated:bfloat16",
+           tolerance: float | None = None, promote_dtype: str = "float32", seed: int = 0,
+           output_dir: str | Path | None = None, compare_dir: str | Path | None = None) -> BisectReport:
+    """Find the smallest set of modules, then ops, whose promotion removes a divergence.
+
+    Args:
+        script: a Python file defining ``entry``.
+        entry: the function to run; it returns the output to judge (or a list of them, one per step).
+        step: which step's output to judge.
+        target: ``emulated:bfloat16`` / ``emulated:float16`` (the entry runs under the emulated
+            device; the reference is the same call without it), or ``native`` (the entry is called
+            with ``target=True`` for the target run, ``target=False`` for the reference).
+        tolerance: the error (relative L2 of the step's outputs) below which the divergence is
+            removed; default: the compare's noise floor for the target's dtype.
+        promote_dtype: ``float32`` or ``float64`` (native targets; emulated targets compute promoted
+            ops at the model's own precision).
+        seed: seed of every run (Python, NumPy, torch).
+        output_dir: where to write ``bisect-report.json`` (None: not written).
+        compare_dir: a compare output directory whose root cause the report carries.
+    """
+    import torch
+
+    target = _check_target(target)
+    if promote_dtype not in ("float32", "float64"):
+        raise UsageError(f"bisect: promote dtype must be float32 or float64, got {promote_dtype!r}")
+    if step < 0:
+        raise UsageError(f"bisect: step must be >= 0, got {step}")
+    if tolerance is not None and not tolerance > 0:
+        raise UsageError(f"bisect: tolerance must be a positive number, got {tolerance!r}")
+    rc = compare_root_cause(compare_dir) if compare_dir is not None else None
+    fn = load_entry(script, entry)
+    native = target == "native"
+    pdtype = getattr(torch, promote_dtype)
+    dtype_name = target.partition(":")[2] or "bfloat16"
+    tol = float(tolerance) if tolerance is not None else default_tolerance(dtype_name)
+    sname = str(script)
+
+    def outputs(target_run: bool, promote: Callable[[Any], bool] | None) -> list[Any]:
+        if not target_run:
+            out = call_entry(fn, seed, False if native else None)
+        else:
+            with target_context(target, promote or (lambda c: False), pdtype):
+                out = call_entry(fn, seed, True if native else None)
+        return flatten_outputs(pick_step(out, step, sname))
+
+    reference = outputs(False, None)
+    modules: dict[str, None] = {}
+    ops: dict[OpKey, None] = {}
+
+    def record(call: Any) -> bool:
+        key = op_key(call)
+        modules.setdefault(key[0], None)
+        ops.setdefault(key, None)
+        return False
+
+    base_err = output_error(outputs(True, record), reference)
+    report = BisectReport(verdict="no_divergence", script=sname, entry=entry, step=step, target=target,
+                          promote_dtype=promote_dtype, tolerance=tol, baseline_error=base_err, runs_total=2,
+                          n_modules=len(modules), n_ops=len(ops), compare_root_cause=rc, seed=seed)
+    path: list[Probe] = []
+
+    def probe(level: str, names: list[str], pred: Callable[[Any], bool]) -> bool:
+        err = output_error(outputs(True, pred), reference)
+        fixed = err <= tol
+        path.append(Probe(level, names, err, fixed))
+        report.reruns += 1
+        report.runs_total += 1
+        return fixed
+
+    if base_err <= tol:
+        return _finish(report, path, output_dir)
+    if not probe("all", ["(every op)"], lambda c: True):
+        report.verdict = "not_precision"
+        report.error_after_promotion = path[-1].error
+        return _finish(report, path, output_dir)
+
+    mod_list = list(modules)
+    cache: dict[frozenset, bool] = {}
+
+    def fixes_modules(sel: list[str]) -> bool:
+        key = frozenset(sel)
+        if key not in cache:
+            chosen = set(sel)
+            cache[key] = probe("modules", sel, lambda c: c.module in chosen)
+        return cache[key]
+
+    culprit_mods = minimal_set(mod_list, fixes_modules)
+    in_mods = set(culprit_mods)
+    op_list = [k for k in ops if k[0] in in_mods]
+    op_cache: dict[frozenset, bool] = {}
+
+    def fixes_ops(sel: list[OpKey]) -> bool:
+        key = frozenset(sel)
+        if key not in op_cache:
+            chosen = set(sel)
+            op_cache[key] = probe("ops", [describe_op(k) for k in sel], lambda c: op_key(c) in chosen)
+        return op_cache[key]
+
+    culprit_ops = minimal_set(op_list, fixes_ops) if op_list else []
+    report.verdict = "culprit"
+    report.culprit_modules = sorted({k[0] for k in culprit_ops}, key=mod_list.index) or culprit_mods
+    report.culprit_ops = [describe_op(k) for k in culprit_ops]
+    # the last fixing probe is the culprit set itself (minimal_set verifies it, or it is the known-fixing set)
+    fixing = [p for p in path if p.fixed]
+    report.error_after_promotion = fixing[-1].error if fixing else None
+    return _finish(report, path, output_dir)
+
+
+def _finish(report: BisectReport, path: list[Probe], output_dir: str | Path | None) -> BisectReport:
+    report.path = [p.to_dict() for p in path]
+    if output_dir is not None:
+        report.write(output_dir)
+    return report

@@ -1,0 +1,134 @@
+"""torchparity.bisect on the emulated bf16 device: finds the planted softmax, leaves a clean pair
+alone, and refuses bad input with one line (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchparity_backend_emulated")
+
+import torchparity  # noqa: E402
+from torchparity.bisect.search import minimal_set  # noqa: E402
+from torchparity.cli import main  # noqa: E402
+from torchparity.errors import UsageError  # noqa: E402
+
+SCRIPT = str(Path(__file__).with_name("softmax_script.py"))
+
+
+def test_finds_the_softmax_module_and_op(tmp_path: Path) -> None:
+    rep = torchparity.bisect(SCRIPT, entry="main", output_dir=tmp_path)
+    assert rep.verdict == "culprit"
+    assert rep.culprit_modules == ["5"]  # the block fed logits near 256
+    assert any("Aten._softmax" in o for o in rep.culprit_ops) and len(rep.culprit_ops) <= 2
+    assert all(o.startswith("5: ") for o in rep.culprit_ops)
+    assert rep.baseline_error > rep.tolerance >= rep.error_after_promotion
+    n = rep.n_modules
+    assert rep.reruns <= 2 * math.log2(n) + 4
+    data = json.loads((tmp_path / "bisect-report.json").read_text())
+    assert data["culprit_ops"] == rep.culprit_ops and data["reruns"] == rep.reruns and data["path"]
+
+
+def test_a_later_step_is_bisected() -> None:
+    rep = torchparity.bisect(SCRIPT, entry="steps", step=1)
+    assert rep.verdict == "culprit" and rep.culprit_modules == ["5"]
+
+
+def test_clean_pair_has_nothing_to_bisect(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as ex:
+        main(["bisect", SCRIPT, "--entry", "clean", "-o", str(tmp_path)])
+    assert ex.value.code == 0
+    assert "no divergence to bisect" in capsys.readouterr().out
+    assert json.loads((tmp_path / "bisect-report.json").read_text())["culprit_ops"] == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["missing.py"], "does not exist"),
+    ([SCRIPT, "--entry", "nope"], "has no function 'nope'"),
+    ([SCRIPT, "--entry", "steps", "--step", "2"], "step 2 is out of range"),
+    ([SCRIPT, "--step", "1"], "step 1 is out of range"),
+    ([SCRIPT, "--target", "gpu"], "target must be one of"),
+])
+def test_bad_input_is_one_line_exit_2(args: list[str], words: str, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as ex:
+        main(["bisect", *args, "-o", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert ex.value.code == 2 and words in err and "\n" not in err and "Traceback" not in err
+
+
+def test_search_cost_is_logarithmic() -> None:
+    for n in (8, 32, 128):
+        for culprit in (0, n // 3, n - 1):
+            calls = []
+
+            def fixes(sel: list) -> bool:
+                calls.append(sel)
+                return culprit in sel
+
+            assert minimal_set(list(range(n)), fixes) == [culprit]
+            assert len(calls) <= math.log2(n) + 1
+
+
+def test_two_culprits_are_both_found() -> None:
+    assert sorted(minimal_set(list(range(32)), lambda s: {3, 20} <= set(s))) == [3, 20]
+
+
+def test_bad_step_raises_usage_error() -> None:
+    with pytest.raises(UsageError):
+        torchparity.bisect(SCRIPT, entry="main", step=-1)
+
+
+def test_promotion_changes_only_the_promoted_ops() -> None:
+    import torch
+    from torchparity_backend_emulated import emulate
+
+    from torchparity.bisect.promote import _upcast
+
+    x = torch.randn(64, 64)
+    with emulate(dtype="bfloat16"):
+        plain = torch.softmax(x @ x + 256, -1)
+    with emulate(dtype="bfloat16", promote=lambda c: False):
+        none = torch.softmax(x @ x + 256, -1)
+    with emulate(dtype="bfloat16", promote=lambda c: True):
+        every = torch.softmax(x @ x + 256, -1)
+    with emulate(dtype="bfloat16", promote=lambda c: c.info.base == "_softmax"):
+        only_softmax = torch.softmax(x @ x + 256, -1)
+    assert torch.equal(plain, none)  # nothing promoted: bitwise the emulated run
+    assert torch.equal(every, torch.softmax(x @ x + 256, -1))  # everything: bitwise the fp32 run
+    with emulate(dtype="bfloat16"):
+        mm_add = (x @ x) + 256  # matmul and add rounded, the softmax computed in fp32
+    assert torch.equal(only_softmax, torch.softmax(mm_add, -1)) and not torch.equal(only_softmax, plain)
+
+    # native: the upcasting consumer computes the chosen ops in fp32 and keeps the tensors' dtypes
+    b = torch.randn(8, 8).to(torch.bfloat16)
+    seen: list[str] = []
+    with _upcast(lambda c: seen.append(c.info.base) or c.info.base == "mul", torch.float32):
+        y = b * 3.3 + 1
+    assert y.dtype == torch.bfloat16 and "mul" in seen
+    assert torch.equal(y, ((b.float() * 3.3).to(torch.bfloat16) + 1))
+
+
+def test_native_target_says_storage_not_compute() -> None:
+    rep = torchparity.bisect(SCRIPT, entry="native", target="native")
+    assert rep.verdict == "not_precision" and rep.culprit_ops == []
+    assert "not a problem of how ops compute" in rep.summary()
+
+
+def test_report_carries_the_compare_root_cause(tmp_path: Path) -> None:
+    cmp = tmp_path / "cmp"
+    cmp.mkdir()
+    rc = {"name": "Aten._softmax.5.forward", "op": "aten._softmax.default", "module": "5", "phase": "forward",
+          "step": 0, "rank": 0, "index": 12, "score": 40.0}
+    (cmp / "compare.json").write_text(json.dumps({"format": "torchparity-compare", "root_cause": rc}))
+    rep = torchparity.bisect(SCRIPT, entry="clean", compare_dir=cmp)
+    assert rep.compare_root_cause["name"] == "Aten._softmax.5.forward"
+    assert "compare's root cause: Aten._softmax.5.forward in 5" in rep.summary()
+    assert rep.compare_agreement is None  # nothing to bisect: nothing to confirm
+    rep = torchparity.bisect(SCRIPT, entry="main", compare_dir=cmp)
+    assert rep.compare_agreement == "confirmed" and "confirmed by experiment" in rep.summary()
+    with pytest.raises(UsageError, match="has no compare.json"):
+        torchparity.bisect(SCRIPT, entry="clean", compare_dir=tmp_path)
