@@ -159,8 +159,9 @@ class Dumper:
         compiled_aten = is_compiled(self.model) and o.levels == {"aten"} and COMPILED_DUMP_OK
         if is_compiled(self.model) and "api" in o.levels and COMPILED_DUMP_OK:
             raise CompiledModelError(
-                f"{what} cannot watch a torch.compile'd model at the API level (it would run it eagerly); "
-                "use level='aten' (captures the compiled graphs) or level='module', see docs/compile.md")
+                f"{what} cannot watch a torch.compile'd model at the API level: it would run the model eagerly and "
+                "change its numerics. Use level='aten' (captures the compiled graphs), the eager model "
+                "(model._orig_mod) or level='module', see docs/compile.md")
         if not compiled_aten and ("aten" in o.levels or "api" in o.levels or not MODULE_LEVEL_OK):
             refuse_compiled(self.model, what)  # before anything is written
         if compiled_aten:
