@@ -130,6 +130,8 @@ class CompileCapture:
         self._skipped: dict[str, int] = {}
         self._graphs = {"forward": 0, "backward": 0}
         self._hooks: list[Any] = []
+        self.transfers = 0  # host transfers so far (one per device and dtype group per step)
+        self.records_per_step: list[int] = []
         self._dump = CompiledDump(self.output_dir, self.header) if sink is None else None
 
     # --- torch.compile backend -------------------------------------------------------------
@@ -208,6 +210,7 @@ class CompileCapture:
             host = [[]] * len(flat)
             for idx in by_dev.values():
                 rows = torch.stack([flat[i] for i in idx]).to("cpu", torch.float64).tolist()
+                self.transfers += 1
                 for i, r in zip(idx, rows):
                     host[i] = r
         captured = []
@@ -220,6 +223,7 @@ class CompileCapture:
                 k += 1
         assert self._dump is not None  # a sink's capture is stepped by its dump
         n = self._dump.write_step(self.step_index, captured)
+        self.records_per_step.append(n)
         self.step_index += 1
         return n
 
