@@ -115,3 +115,15 @@ def test_the_api_level_refuses_a_compiled_model_naming_the_aten_level(tmp_path):
     model = torch.compile(Small(), backend="aot_eager")
     with pytest.raises(CompiledModelError, match="use level='aten'|Use level='aten'"):
         torchparity.dump(tmp_path / "d", level="api", model=model).start()
+
+
+def test_the_users_own_global_hooks_still_fire_in_the_compiled_call_and_the_tools_are_back_after(tmp_path):
+    seen = []
+    h = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: seen.append(type(m).__name__))
+    try:
+        _train("aot_eager", tmp_path / "d", steps=1)
+    finally:
+        h.remove()
+    assert "Linear" in seen  # the user's hook ran for the compiled model's modules
+    mm = torch.nn.modules.module
+    assert not mm._global_forward_hooks and not mm._global_forward_pre_hooks  # the dump's hooks are gone

@@ -56,6 +56,13 @@ def user_backend(model: Any, what: str) -> tuple[str, dict[str, Any]]:
     return inner, dict(config) if isinstance(config, dict) else {}
 
 
+def _is_ours(hook: Any) -> bool:
+    """Is this global module hook torchparity's own (the module tracker's, the compiled-call guard)?"""
+    f = getattr(hook, "func", hook)  # functools.partial
+    f = getattr(f, "__func__", f)  # bound method
+    return str(getattr(f, "__module__", "") or "").startswith("torchparity")
+
+
 _QUIET: dict[type, type] = {}
 
 
@@ -134,9 +141,12 @@ class CompiledInDump:
         saved = []
         for name in _HOOK_DICTS:
             d = getattr(mm, name, None)
-            if d is not None:
-                saved.append((d, dict(d)))
-                d.clear()
+            if d:
+                full = dict(d)
+                for k, f in full.items():
+                    if _is_ours(f):  # the user's own global hooks stay (Dynamo handles them as without us)
+                        del d[k]
+                saved.append((d, full))
         self._depth = 1
         try:
             stack = _get_current_dispatch_mode_stack()
@@ -147,8 +157,11 @@ class CompiledInDump:
                 yield
         finally:
             self._depth = 0
-            for d, items in saved:
-                d.update(items)
+            for d, full in saved:  # back in their order; hooks added meanwhile after them
+                added = {k: f for k, f in d.items() if k not in full}
+                d.clear()
+                d.update(full)
+                d.update(added)
 
     # ---- records ------------------------------------------------------------------------------
     def collect(self, records: list[NodeRecord], outs: list[torch.Tensor],
