@@ -10,6 +10,7 @@ when it starts with the model, and when a compiled module is first called while 
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -35,9 +36,27 @@ _OPTIMIZED = _optimized_module_type()
 MODULE_LEVEL_OK = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 2)
 
 
+#: torchparity.dump(level="aten") captures a compiled model's graphs (compile/in_dump.py) from
+#: torch 2.2 on (the compile backend's floor); before, it refuses it
+COMPILED_DUMP_OK = MODULE_LEVEL_OK
+
+
 def is_compiled(module: Any) -> bool:
     """Is ``module`` a ``torch.compile``'d module (Dynamo's ``OptimizedModule`` wrapper)?"""
     return _OPTIMIZED is not None and isinstance(module, _OPTIMIZED)
+
+
+#: compiled modules whose compiled graphs a dump captures (compile/in_dump.py): not refused
+_CAPTURED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def allow_compiled(module: Any) -> None:
+    """``module``'s compiled graphs are captured (it does not run eagerly): let it be called."""
+    _CAPTURED.add(module)
+
+
+def disallow_compiled(module: Any) -> None:
+    _CAPTURED.discard(module)
 
 
 class CompiledModelError(UsageError):
@@ -77,5 +96,5 @@ class CompiledCallGuard:
             self._handle = None
 
     def _check(self, module: Any, args: Any) -> None:
-        if type(module) is _OPTIMIZED or is_compiled(module):
+        if (type(module) is _OPTIMIZED or is_compiled(module)) and module not in _CAPTURED:
             raise refusal(self.what)

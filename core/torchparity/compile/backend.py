@@ -15,6 +15,8 @@ from .records import NodeRecord
 from .writer import CompiledDump
 
 _MODES = ("statistics",)
+#: modes of a capture inside torchparity.dump (compile/in_dump.py): values handed out for md5/tensor
+_DUMP_MODES = ("statistics", "md5", "tensor")
 _INNERS = ("inductor", "eager")
 
 
@@ -34,6 +36,17 @@ def _no_compile_caches() -> Any:
     if hasattr(iconf, "fx_graph_cache"):
         stack.enter_context(iconf.patch(fx_graph_cache=False))
     return stack
+
+
+def _inductor_patch(config: dict[str, Any]) -> Any:
+    """The user's Inductor options (``torch.compile(mode=..., options=...)``) for our compile."""
+    import contextlib
+
+    if not config:
+        return contextlib.nullcontext()
+    import torch._inductor.config as iconf
+
+    return iconf.patch(config)
 
 
 def _drop_extra_output_strides(info: Instrumented) -> None:
@@ -70,7 +83,12 @@ class _Wrapped:
         # graph inputs are tensors and symbols, never lists, so the two cannot be confused.
         boxed = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
         shapes = self._info.concrete_shapes(boxed)  # before the call: a boxed callee frees its inputs
-        outs = self._compiled(boxed)
+        sink = self._capture.sink
+        if sink is None:
+            outs = self._compiled(boxed)
+        else:  # inside torchparity.dump: its eager capture must not see the graph's own kernels
+            with sink.paused():
+                outs = self._compiled(boxed)
         n = self._info.n_outputs
         if n < 0:  # the graph returned a single value
             self._capture._collect(self._info.records, list(outs[1:]), shapes)
@@ -89,14 +107,20 @@ class CompileCapture:
     step when :meth:`attach` was called, or :meth:`close`); then they are read in one transfer and
     written as ``step{S}/rank{R}`` of ``output_dir``."""
 
-    def __init__(self, output_dir: str | Path, *, mode: str = "statistics", inner: str = "inductor") -> None:
-        if mode not in _MODES:
+    def __init__(self, output_dir: str | Path | None, *, mode: str = "statistics", inner: str = "inductor",
+                 sink: Any = None, inductor_config: dict[str, Any] | None = None) -> None:
+        # ``sink`` (torchparity.dump's compiled-model bridge, compile/in_dump.py) takes each graph
+        # run's records and extra outputs instead of this object's own dump
+        if mode not in (_DUMP_MODES if sink is not None else _MODES):
             raise UsageError(f"compile_backend: mode={mode!r} is not supported inside compiled graphs yet; "
-                             f"use mode='statistics' (md5/tensor modes: run the model eagerly under torchparity.dump)")
+                             f"use mode='statistics' (md5/tensor modes: torchparity.dump(..., model=compiled_model, "
+                             f"level='aten', mode=...))")
         if inner not in _INNERS:
             raise UsageError(f"compile_backend: inner={inner!r} is not a known inner compiler; use one of {', '.join(_INNERS)}")
-        self.output_dir = Path(output_dir)
-        if self.output_dir.exists() and not self.output_dir.is_dir():
+        self.sink = sink
+        self.inductor_config = dict(inductor_config or {})
+        self.output_dir = Path(output_dir) if output_dir is not None else Path(".")
+        if output_dir is not None and self.output_dir.exists() and not self.output_dir.is_dir():
             raise UsageError(f"compile_backend: output_dir {str(self.output_dir)!r} is a file, not a directory; "
                              f"pass a new or empty directory for the dump")
         self.mode = mode
@@ -106,7 +130,9 @@ class CompileCapture:
         self._skipped: dict[str, int] = {}
         self._graphs = {"forward": 0, "backward": 0}
         self._hooks: list[Any] = []
-        self._dump = CompiledDump(self.output_dir, self.header)
+        self.transfers = 0  # host transfers so far (one per device and dtype group per step)
+        self.records_per_step: list[int] = []
+        self._dump = CompiledDump(self.output_dir, self.header) if sink is None else None
 
     # --- torch.compile backend -------------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -119,7 +145,8 @@ class CompileCapture:
 
             def compiler(phase: str) -> Callable[..., Any]:
                 def run(g: torch.fx.GraphModule, ex: list[Any]) -> Any:
-                    info = self._instrument(g, ex, phase, fwd_modules)
+                    with self._paused():  # the backward compiles lazily, inside loss.backward()
+                        info = self._instrument(g, ex, phase, fwd_modules)
                     return _Wrapped(make_boxed_func(g.forward), info, self)
                 return run
 
@@ -127,19 +154,26 @@ class CompileCapture:
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
         def inner_compile(g: torch.fx.GraphModule, ex: list[Any], **kwargs: Any) -> Any:
-            info = self._instrument(g, ex, "backward" if kwargs.get("is_backward") else "forward", fwd_modules)
-            compiled = compile_fx_inner(g, ex, **kwargs)
+            with self._paused():  # the backward compiles lazily, inside loss.backward()
+                info = self._instrument(g, ex, "backward" if kwargs.get("is_backward") else "forward", fwd_modules)
+                compiled = compile_fx_inner(g, ex, **kwargs)
             _drop_extra_output_strides(info)
             return _Wrapped(compiled, info, self)
 
         # the AOTAutograd and FX graph caches would hand back a graph compiled without the
         # instrumentation (their keys do not include our inner compiler): off for this compile
-        with _no_compile_caches():
+        with _no_compile_caches(), _inductor_patch(self.inductor_config):
             return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+    def _paused(self) -> Any:
+        """Inside torchparity.dump: its eager capture set aside (see compile/in_dump.py)."""
+        import contextlib
+
+        return self.sink.paused() if self.sink is not None else contextlib.nullcontext()
 
     def _instrument(self, gm: torch.fx.GraphModule, example_inputs: list[Any], phase: str,
                     fwd_modules: dict[int, tuple[str, str | None]]) -> Instrumented:
-        info = instrument(gm, example_inputs, phase, fwd_modules)
+        info = instrument(gm, example_inputs, phase, fwd_modules, values=self.mode != "statistics")
         self._graphs[phase] += 1
         for reason, n in info.skipped.items():
             self._skipped[reason] = self._skipped.get(reason, 0) + n
@@ -149,6 +183,9 @@ class CompileCapture:
                  shapes: dict[int, tuple[list[int], list[int]]] | None = None) -> None:
         """Keep one graph run's statistics (device tensors; no host sync here) and, for records
         of symbolic size, this run's shapes."""
+        if self.sink is not None:
+            self.sink.collect(records, [s.detach() for s in stats], shapes)
+            return
         self._buffer.append((records, [s.detach() for s in stats], shapes))
 
     # --- steps -------------------------------------------------------------------------------
@@ -173,6 +210,7 @@ class CompileCapture:
             host = [[]] * len(flat)
             for idx in by_dev.values():
                 rows = torch.stack([flat[i] for i in idx]).to("cpu", torch.float64).tolist()
+                self.transfers += 1
                 for i, r in zip(idx, rows):
                     host[i] = r
         captured = []
@@ -183,7 +221,9 @@ class CompileCapture:
                     rec = dataclasses.replace(rec, shape=shapes[j][0], stride=shapes[j][1])
                 captured.append((rec, host[k]))
                 k += 1
+        assert self._dump is not None  # a sink's capture is stepped by its dump
         n = self._dump.write_step(self.step_index, captured)
+        self.records_per_step.append(n)
         self.step_index += 1
         return n
 
@@ -199,7 +239,8 @@ class CompileCapture:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        self._dump.close()
+        if self._dump is not None:
+            self._dump.close()
 
     def __enter__(self) -> "CompileCapture":
         return self

@@ -137,9 +137,11 @@ def _stats_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torc
 
 
 def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
-               fwd_modules: dict[int, tuple[str, str | None]]) -> Instrumented:
+               fwd_modules: dict[int, tuple[str, str | None]], values: bool = False) -> Instrumented:
     """Instrument ``gm`` in place. ``fwd_modules`` maps a forward node's ``seq_nr`` to its module
-    (filled in the forward phase, read in the backward phase, whose nodes carry no module stack)."""
+    (filled in the forward phase, read in the backward phase, whose nodes carry no module stack).
+    With ``values`` (md5/tensor modes) the extra outputs are the captured values themselves
+    instead of their statistics vectors."""
     graph = gm.graph
     mode = _fake_mode(gm, example_inputs)
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
@@ -191,7 +193,7 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
         idx = counters.get(key, 0)
         counters[key] = idx + 1
         with graph.inserting_before(out_node):
-            extra.append(_stats_nodes(graph, mode, node, val.dtype))
+            extra.append(node if values else _stats_nodes(graph, mode, node, val.dtype))
         shp, st = [_dim(x) for x in val.shape], [_dim(x) for x in val.stride()]
         if not all(isinstance(x, int) for x in shp + st):
             res.symbolic[len(res.records)] = (shp, st)

@@ -25,7 +25,9 @@ import torch
 
 from ..capture import gc_quiet
 from ..capture.api_mode import ApiCaptureMode
-from ..capture.compiled import MODULE_LEVEL_OK, CompiledCallGuard, refuse_compiled
+from ..capture.compiled import (COMPILED_DUMP_OK, MODULE_LEVEL_OK, CompiledCallGuard, CompiledModelError,
+                                is_compiled,
+                                refuse_compiled)
 from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
 from ..capture.module_tracker import ModuleTracker
@@ -136,6 +138,7 @@ class Dumper:
         self._opt_hooks: list[Any] = []
         self._first_optimizer: int | None = None
         self._world: dict[str, Any] = {}  # distdump: the world layout written at start
+        self._compiled: Any = None  # compile/in_dump.CompiledInDump: a compiled model's graphs
 
     @property
     def path(self) -> str:
@@ -150,8 +153,21 @@ class Dumper:
         if self._stack is not None:
             raise UsageError("this dump is already running; call stop() first")
         o = self.options
-        if "aten" in o.levels or "api" in o.levels or not MODULE_LEVEL_OK:  # before anything is written
-            refuse_compiled(self.model, f"torchparity.dump(level={o.level!r})")
+        what = f"torchparity.dump(level={o.level!r})"
+        # a compiled model at the aten level: its graphs are captured by the compile backend
+        # (compile/in_dump.py); the API level (and torch < 2.2) still refuse it
+        compiled_aten = is_compiled(self.model) and o.levels == {"aten"} and COMPILED_DUMP_OK
+        if is_compiled(self.model) and "api" in o.levels and COMPILED_DUMP_OK:
+            raise CompiledModelError(
+                f"{what} cannot watch a torch.compile'd model at the API level: it would run the model eagerly and "
+                "change its numerics. Use level='aten' (captures the compiled graphs), the eager model "
+                "(model._orig_mod) or level='module', see docs/compile.md")
+        if not compiled_aten and ("aten" in o.levels or "api" in o.levels or not MODULE_LEVEL_OK):
+            refuse_compiled(self.model, what)  # before anything is written
+        if compiled_aten:
+            from ..compile.in_dump import user_backend
+
+            user_backend(self.model, what)  # a backend that cannot be wrapped: one line, before anything is written
         from .. import __version__
 
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
@@ -162,14 +178,21 @@ class Dumper:
             header["schedule"] = {"steps": o.steps, "every": o.every, "light": o.light}
         self.writer = DumpWriter(o.path, header, fsync=o.fsync, max_bytes=o.max_bytes, rank=current_rank(),
                                  max_queue_bytes=o.max_queue_bytes,
-                                 step_header=_step_header(o) if o.scheduled else None,
+                                 step_header=self._step_header_fn(o, compiled_aten),
                                  summaries=o.summaries)
         tracker = ModuleTracker()
-        if self.model is not None:
-            tracker.add_root(self.model)
+        root = self.model._orig_mod if compiled_aten else self.model  # names without "_orig_mod."
+        if root is not None:
+            tracker.add_root(root)
         self.session = CaptureSession(o, self.writer, tracker)
         stack = ExitStack()
         try:
+            if compiled_aten:  # recompiled with the capture before the dump's global hooks exist
+                from ..compile.in_dump import CompiledInDump
+
+                self._compiled = CompiledInDump(self.model, self.session, self.writer, what)
+                self._compiled.install()
+                stack.callback(self._compiled.remove)
             gc_quiet.hold()  # the collector skips the process's old heap while the dump runs
             stack.callback(gc_quiet.release)
             if o.backend is not None:
@@ -203,7 +226,7 @@ class Dumper:
                 stack.enter_context(self._replica_recorder())
             # installed plugins' consumers of the op stream, for the dump's lifetime
             for consumer in _plugin_consumers(o):
-                stack.enter_context(op_stream().attached(consumer, self.model))
+                stack.enter_context(op_stream().attached(consumer, root))
         except Exception:
             stack.close()
             self.writer.close()
@@ -246,7 +269,23 @@ class Dumper:
             self.session.flush()
             self.writer.flush()
 
+    def _step_header_fn(self, o: DumpOptions, compiled: bool) -> Any:
+        """Each step's header: the tier (a scheduled dump) and the compiled capture's graphs."""
+        tier = _step_header(o) if o.scheduled else None
+        if not compiled:
+            return tier
+
+        def info(step: int) -> dict[str, Any]:
+            out = dict(tier(step)) if tier is not None else {}
+            if self._compiled is not None:
+                out["compile"] = self._compiled.header()
+            return out
+
+        return info
+
     def _finish_step_records(self) -> None:
+        if self._compiled is not None and self.session is not None:
+            self._compiled.end_step()
         if self._module_capture is not None and self.session is not None:
             self._module_capture.flush_backward()
         if self._api_mode is not None and self.session is not None:

@@ -1,0 +1,238 @@
+"""``torchparity.dump(model=torch.compile(model), level="aten")``: the compiled graphs are captured
+by :class:`~torchparity.compile.backend.CompileCapture` inside the dump (docs/compile.md).
+
+Why the eager capture cannot simply watch a compiled module: the op stream's
+``TorchDispatchMode`` on the mode stack makes Dynamo skip every frame ("non-infra torch dispatch
+mode present", ``torch._dynamo.convert_frame``), so the module would run eagerly; the module
+tracker's global forward hooks make Dynamo warn and trace the hooks. So, for the compiled call
+only (and for the compiled forward/backward graphs' own runs, inside the autograd engine), the
+stream's mode is popped and the global module hooks are set aside (:meth:`CompiledInDump.paused`);
+the ops around it (loss, optimizer) are captured by the usual aten capture, in the same dump, with
+the same step numbering and record ids in execution order.
+
+The compiled module is recompiled with the capture as its backend, the user's own backend inside
+it (``inductor`` with its options, ``aot_eager``, ``eager``); the user's numerics are unchanged.
+Another backend is refused with one line (:func:`user_backend`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+from ..capture.batch import Batch
+from ..capture.compiled import CompiledModelError, allow_compiled, disallow_compiled
+from ..capture.ranks import current_rank
+from ..records import op_record, tensor_entry  # noqa: F401 - tensor_entry used below
+from .backend import CompileCapture
+from .records import NodeRecord
+
+#: backends whose compiler can be wrapped: the user's backend name -> our inner compiler
+_WRAPPABLE = {"inductor": "inductor", "aot_eager": "eager", "eager": "eager"}
+_HOOK_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_always_called",
+               "_global_forward_hooks_with_kwargs", "_global_backward_pre_hooks", "_global_backward_hooks")
+
+
+def user_backend(model: Any, what: str) -> tuple[str, dict[str, Any]]:
+    """(our inner compiler, Inductor options) for the backend ``model`` was compiled with;
+    :class:`CompiledModelError` (one line) for a backend that cannot be wrapped."""
+    b: Any = getattr(getattr(model, "dynamo_ctx", None), "callback", None)
+    for _ in range(8):  # ConvertFrame -> ConvertFrameAssert -> WrapBackendDebug -> backend
+        nxt = getattr(b, "_torchdynamo_orig_backend", None)
+        if nxt is None or nxt is b:
+            break
+        b = nxt
+    name = getattr(b, "compiler_name", None) or getattr(b, "__name__", None) or type(b).__name__
+    if isinstance(getattr(b, "_compiler_name", None), str):
+        name = b._compiler_name
+    inner = _WRAPPABLE.get(str(name))
+    if inner is None:
+        raise CompiledModelError(
+            f"{what} cannot capture a model compiled with backend {name!r}: only 'inductor', 'aot_eager' and "
+            f"'eager' can be wrapped; compile with one of them, or dump at level='module', see docs/compile.md")
+    config = getattr(b, "config", None) if inner == "inductor" else None
+    return inner, dict(config) if isinstance(config, dict) else {}
+
+
+def _is_ours(hook: Any) -> bool:
+    """Is this global module hook torchparity's own (the module tracker's, the compiled-call guard)?"""
+    f = getattr(hook, "func", hook)  # functools.partial
+    f = getattr(f, "__func__", f)  # bound method
+    return str(getattr(f, "__module__", "") or "").startswith("torchparity")
+
+
+_QUIET: dict[type, type] = {}
+
+
+def _quiet_class(cls: type) -> type:
+    """``cls`` (Dynamo's OptimizedModule) without its warning about global module hooks: the
+    dump's own hooks are set aside while the compiled module runs, so the warning is not true."""
+    q = _QUIET.get(cls)
+    if q is None:
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+                return cls.__call__(self, *args, **kwargs)
+
+        q = _QUIET[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
+    return q
+
+
+class CompiledInDump:
+    """The compiled module of one dump: recompiled with the capture, its records handed to the
+    dump's session and writer (statistics computed in the graph; md5/tensor values as extra graph
+    outputs, hashed / saved by the session's own code), one host transfer per step."""
+
+    def __init__(self, model: Any, session: Any, writer: Any, what: str) -> None:
+        inner, config = user_backend(model, what)
+        self.model = model
+        self.session = session
+        self.writer = writer
+        self.mode = session.options.mode
+        self.capture = CompileCapture(None, mode=self.mode, inner=inner, sink=self, inductor_config=config)
+        # built before the dump's global hooks exist: Dynamo then traces forward itself
+        self._compiled = torch.compile(model._orig_mod, backend=self.capture)
+        self._saved_forward: Any = None
+        self._pending: list[tuple[list[Any], list[torch.Tensor]]] = []  # (OpRecords, device values)
+        self._depth = 0
+        self.records_per_step: list[int] = []
+        self.transfers = 0  # host transfers (one per device and dtype group per step)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def install(self) -> None:
+        self._saved_forward = self.model.__dict__.get("forward")
+        self.model.forward = self._forward
+        self._saved_class = type(self.model)
+        self.model.__class__ = _quiet_class(self._saved_class)
+        allow_compiled(self.model)
+
+    def remove(self) -> None:
+        disallow_compiled(self.model)
+        self.model.__class__ = self._saved_class
+        if self._saved_forward is not None:
+            self.model.forward = self._saved_forward
+        else:
+            self.model.__dict__.pop("forward", None)
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
+        with self.paused():
+            return self._compiled.forward(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The op stream's dispatch mode off the mode stack and the global module hooks set aside
+        (restored, in their order, on exit)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode_temporarily
+
+        from ..capture.op_stream import is_stream_mode
+
+        mm = torch.nn.modules.module
+        saved = []
+        for name in _HOOK_DICTS:
+            d = getattr(mm, name, None)
+            if d:
+                full = dict(d)
+                for k, f in full.items():
+                    if _is_ours(f):  # the user's own global hooks stay (Dynamo handles them as without us)
+                        del d[k]
+                saved.append((d, full))
+        self._depth = 1
+        try:
+            stack = _get_current_dispatch_mode_stack()
+            if stack and is_stream_mode(stack[-1]):
+                with _pop_mode_temporarily():
+                    yield
+            else:
+                yield
+        finally:
+            self._depth = 0
+            for d, full in saved:  # back in their order; hooks added meanwhile after them
+                added = {k: f for k, f in d.items() if k not in full}
+                d.clear()
+                d.update(full)
+                d.update(added)
+
+    # ---- records ------------------------------------------------------------------------------
+    def collect(self, records: list[NodeRecord], outs: list[torch.Tensor],
+                shapes: dict[int, tuple[list[int], list[int]]] | None) -> None:
+        """One graph run: allocate its records now (ids in execution order, the session's
+        names and counters), keep its statistics / values on the device until the step ends."""
+        s = self.session
+        recs, vals = [], []
+        for j, (rec, out) in enumerate(zip(records, outs)):
+            short = rec.op.split(".")[1] if rec.op.startswith(("aten.", "prims.")) else rec.op.split(".")[0]
+            if not s.wants(short, rec.op, rec.phase, rec.module):
+                continue
+            flags = {"compiled": True, "node": rec.node, "node_id": rec.node_id}
+            if rec.source:
+                flags["source"] = rec.source
+            r = s.new_record(prefix="Aten", base=short, op=rec.op, level="aten", phase=rec.phase,
+                             module=rec.module, module_class=rec.module_class, flags=flags)
+            if r is None:
+                continue
+            shp, st = (shapes[j] if shapes and j in shapes else (rec.shape, rec.stride))
+            r.tensors = [tensor_entry("output", "0", rec.dtype, shp, st, rec.device, False)]
+            recs.append(r)
+            vals.append(out)
+        if recs:
+            self._pending.append((recs, vals))
+
+    def end_step(self) -> int:
+        """Read the step's statistics (or values) to the host, one transfer per device and dtype,
+        and hand the records to the dump. Returns the number of records."""
+        pending, self._pending = self._pending, []
+        recs = [r for rs, _ in pending for r in rs]
+        vals = [v for _, vs in pending for v in vs]
+        self.records_per_step.append(len(recs))
+        if not recs:
+            return 0
+        s = self.session
+        prev, s.busy = s.busy, True
+        try:
+            host = self._to_host(vals)
+            s.flush()  # the eager records so far first
+            if self.mode == "statistics":
+                slots = [r.tensors[0] for r in recs]
+                rows = torch.tensor([h.tolist() for h in host], dtype=torch.float64).reshape(-1, 6)
+                self.writer.submit(Batch(s.step, current_rank(), recs, slots, rows))
+            else:
+                for r, h in zip(recs, host):
+                    e = r.tensors[0]
+                    r.tensors = s.describe([("0", h)], "output", r.id, link=False)
+                    r.tensors[0].stride = e.stride  # the graph value's stride, not the host copy's
+                    s.commit(r)
+                s.flush()
+        finally:
+            s.busy = prev
+        return len(recs)
+
+    def _to_host(self, vals: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each value on the host: one copy per (device, dtype) group."""
+        groups: dict[tuple[Any, Any], list[int]] = {}
+        for i, v in enumerate(vals):
+            groups.setdefault((v.device, v.dtype), []).append(i)
+        out: list[Any] = [None] * len(vals)
+        for idx in groups.values():
+            flat = torch.cat([vals[i].reshape(-1) for i in idx])
+            host = flat.to("cpu") if flat.device.type != "cpu" else flat
+            self.transfers += 1
+            off = 0
+            for i in idx:
+                n = vals[i].numel()
+                out[i] = host[off:off + n].view(vals[i].shape)
+                off += n
+        return out
+
+    def header(self) -> dict[str, Any]:
+        return self.capture.header()

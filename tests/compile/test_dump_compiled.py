@@ -1,0 +1,129 @@
+"""torchparity.dump(model=torch.compile(model), level="aten"): the compiled graphs are captured by the
+compile backend inside the dump, the user's numerics stay those of the compiled run (docs/compile.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchparity
+from torchparity.capture.compiled import COMPILED_DUMP_OK, CompiledModelError
+
+pytestmark = pytest.mark.skipif(not COMPILED_DUMP_OK, reason="torch 2.1: a compiled model is refused by the dump "
+                                                             "(the compile backend needs torch >= 2.2)")
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.ln, self.act, self.fc2 = nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.fc2(self.act(self.ln(self.fc1(x)))), -1)
+
+
+def _train(backend, out=None, steps: int = 3, mode: str = "statistics", compiled: bool = True):
+    torch.manual_seed(0)
+    m = Small()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    torch._dynamo.reset()
+    run = torch.compile(m, backend=backend) if compiled else m
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(4, 4, generator=torch.Generator().manual_seed(2))
+    d = torchparity.dump(out, model=run, level="aten", mode=mode).start() if out is not None else None
+    losses = []
+    try:
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = ((run(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+    finally:
+        if d is not None:
+            d.stop()
+    return losses + [p.detach().clone() for p in m.parameters()]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_compiled_model_keeps_its_numerics_and_its_graphs_are_captured_with_the_eager_ops(tmp_path, backend):
+    plain = _train(backend)
+    with_tool = _train(backend, tmp_path / "d")
+    assert _same(plain, with_tool)  # bitwise: the compiled run's numerics, not an eager run's
+    df = torchparity.load_dump(tmp_path / "d")
+    flags = df["flags"].map(lambda f: (json.loads(f) if isinstance(f, str) else f) or {})
+    comp = df[flags.map(lambda f: bool(f.get("compiled")))]
+    assert sorted(comp.step.unique()) == [0, 1, 2]  # a step per optimizer step (step 3: the last clone())
+    eager = df[~flags.map(lambda f: bool(f.get("compiled")))]
+    # the compiled graphs, forward and backward, with module names as in an eager dump
+    for step in (0, 1, 2):
+        c = comp[comp.step == step]
+        assert {"fc1", "ln", "act", "fc2"} <= set(c[c.phase == "forward"].module)
+        assert {"fc1", "ln", "act", "fc2"} <= set(c[c.phase == "backward"].module)
+    assert not df.module.fillna("").str.contains("_orig_mod").any()
+    # the eager ops around the compiled call: the loss and the optimizer, in the same dump
+    assert {"forward", "backward", "optimizer"} <= set(eager[eager.step == 0].phase)
+    assert "aten.mse_loss.default" in set(eager.op) or "aten.mean.default" in set(eager.op)
+    # no eager capture of the model's own ops (it did not run eagerly): no eager addmm
+    assert "aten.addmm.default" not in set(eager.op)
+    ids = df[df.step == 0].drop_duplicates("record_id").record_id
+    assert ids.is_unique and sorted(ids) == list(range(len(ids)))
+    header = json.loads((tmp_path / "d" / "step0" / "rank0" / "header.json").read_text())
+    assert header["compile"]["graphs"] == {"forward": 1, "backward": 1}
+
+
+def test_md5_of_a_compiled_graph_equals_the_eager_runs_md5(tmp_path):
+    _train("aot_eager", tmp_path / "c", steps=1, mode="md5")
+    _train(None, tmp_path / "e", steps=1, mode="md5", compiled=False)
+    c = torchparity.load_dump(tmp_path / "c")
+    e = torchparity.load_dump(tmp_path / "e")
+    key = ["module", "phase", "op", "call_index"]
+    c = c[(c.io == "output") & c.module.isin(["fc1", "ln", "act", "fc2"])]
+    e = e[(e.io == "output") & (e.arg == "0")]
+    assert c.md5.notna().all() and len(c) >= 8
+    merged = c.merge(e, on=key, suffixes=("_c", "_e"))
+    assert len(merged) >= 8  # forward and backward nodes paired with eager ops
+    assert (merged.md5_c == merged.md5_e).all(), merged[key + ["md5_c", "md5_e"]]
+
+
+def test_tensor_mode_saves_the_compiled_values(tmp_path):
+    _train("aot_eager", tmp_path / "c", steps=1, mode="tensor")
+    c = torchparity.load_dump(tmp_path / "c")
+    fc1 = c[(c.module == "fc1") & (c.phase == "forward") & (c.op == "aten.addmm.default")]
+    assert len(fc1) == 1 and isinstance(fc1.file.iloc[0], str) and fc1.file.iloc[0] != "pending"
+
+
+def test_a_backend_that_cannot_be_wrapped_is_refused_in_one_line(tmp_path):
+    def my_backend(gm, ex):
+        return gm.forward
+
+    model = torch.compile(Small(), backend=my_backend)
+    with pytest.raises(CompiledModelError, match=r"backend 'my_backend'.*'inductor', 'aot_eager'") as ei:
+        torchparity.dump(tmp_path / "d", level="aten", model=model).start()
+    assert "\n" not in str(ei.value)
+    assert not any((tmp_path / "d").glob("step*"))
+
+
+def test_the_api_level_refuses_a_compiled_model_naming_the_aten_level(tmp_path):
+    model = torch.compile(Small(), backend="aot_eager")
+    with pytest.raises(CompiledModelError, match="use level='aten'|Use level='aten'"):
+        torchparity.dump(tmp_path / "d", level="api", model=model).start()
+
+
+def test_the_users_own_global_hooks_still_fire_in_the_compiled_call_and_the_tools_are_back_after(tmp_path):
+    seen = []
+    h = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: seen.append(type(m).__name__))
+    try:
+        _train("aot_eager", tmp_path / "d", steps=1)
+    finally:
+        h.remove()
+    assert "Linear" in seen  # the user's hook ran for the compiled model's modules
+    mm = torch.nn.modules.module
+    assert not mm._global_forward_hooks and not mm._global_forward_pre_hooks  # the dump's hooks are gone
