@@ -206,3 +206,24 @@ def test_seeds_175_237_a_changed_summary_is_not_compared(dumps: dict[str, Path],
         [repr(x) for x in clean_frame.sort_values("record_id", kind="stable")["producer"]]
     res = torchparity.compare(bad, dumps[mode])
     assert not res.diverged and any("does not match its digest" in w for w in res.summary["warnings"])
+
+
+def test_a_summary_without_its_digest_is_not_used(dumps: dict[str, Path], tmp_path: Path) -> None:
+    """A summary whose digest file is gone (deleted, or written before the digests existed) is
+    skipped silently like a missing one: the compare reads records.jsonl."""
+    import pyarrow as pa
+
+    from torchparity.dump import columnar
+
+    def edit(t: Any) -> Any:
+        names = t.column("name").to_pylist()
+        names[0] = names[0] + "X"
+        return t.set_column(t.schema.get_field_index("name"), "name", pa.array(names, t.schema.field("name").type))
+
+    bad = _rewrite_summary(dumps["statistics"], tmp_path / "m", "ops", edit)
+    columnar.digest_path(columnar.part_path(bad, "ops", 0, 0)).unlink()
+    u = open_dump(bad).units[0]
+    assert columnar.summary_state(u) == ("absent", None)
+    warnings: list[str] = []
+    frame = read_unit(u, warnings, compact=True)
+    assert warnings == [] and not any(str(n).endswith("X") for n in frame["name"].tolist())

@@ -254,7 +254,8 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def summary_state(u: DumpUnit, tables: tuple[str, ...] = TABLES) -> tuple[str, str | None]:
-    """``("ok", None)``, ``("absent", None)`` or ``("bad", why)`` for one unit's summaries."""
+    """``("ok", None)``, ``("absent", None)`` or ``("bad", why)`` for one unit's summaries
+    (summaries without digest files, written before the digests existed, count as absent)."""
     root = dump_root_of(u)
     if root is None:
         return "absent", None
@@ -275,6 +276,8 @@ def summary_state(u: DumpUnit, tables: tuple[str, ...] = TABLES) -> tuple[str, s
             return "bad", f"{p} is unreadable ({type(exc).__name__}: {' '.join(str(exc).split())[:100]})"
         if meta.get("version") != SUMMARY_VERSION or meta.get("records_jsonl") != fp:
             return "bad", f"{p} was made from another records.jsonl (stale)"
+        if not digest_path(p).is_file():  # written before the digests existed: the JSONL, silently
+            return "absent", None
         why = _digest_problem(p)
         if why:
             return "bad", why
@@ -287,7 +290,7 @@ def _digest_problem(p: Path) -> str | None:
     try:
         want = dp.read_text(encoding="ascii", errors="replace").strip()
     except FileNotFoundError:
-        return f"{p} has no digest file {dp.name} (written by an older torchparity, or deleted)"
+        return f"{p} has no digest file {dp.name}"
     except OSError as exc:
         return f"cannot read {dp} ({exc.strerror or exc})"
     try:
