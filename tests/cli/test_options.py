@@ -102,3 +102,18 @@ def test_an_unknown_option_is_one_line() -> None:
     code, text = run_cli(["compare", "--bogus"])
     assert code == 2
     _one_line(text, "--bogus")
+
+
+@pytest.mark.parametrize("body, what", [
+    (b"version: 1\nplugins: 5\n", "'plugins' must be a mapping"),
+    (b"version: 1\nplugins:\n  disable: 5\n", "disable"),
+    (b"\x00\xff\xfe binary \x89PNG", "not a text file"),
+], ids=["plugins-5", "disable-5", "binary"])
+def test_a_plugins_yaml_of_the_wrong_type_is_one_line(dump: Path, tmp_path: Path, body: bytes, what: str) -> None:
+    """Issue 13 item 9: ``plugins: 5`` was a TypeError traceback, a binary file a UnicodeDecodeError."""
+    cfg = tmp_path / "p.yaml"
+    cfg.write_bytes(body)
+    code, text = run_cli(["--plugins", str(cfg), "compare", str(dump), str(dump)])
+    assert code == 2 and "Traceback" not in text
+    _one_line(text, what)
+    assert "p.yaml" in text

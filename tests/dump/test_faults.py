@@ -232,6 +232,30 @@ def test_second_process_dumping_the_same_rank_is_refused_and_a_killed_holder_doe
 
 
 @posix_only
+def test_run_refused_by_another_run_is_exit_2_and_claims_no_dump(tmp_path: Path) -> None:
+    """Before: the refused `torchparity run` printed the refusal, let the script train, then said
+    "dump written to DIR" (the other process's files were newer than its start) and exited 0."""
+    (tmp_path / "holder.py").write_text(HOLDER)
+    script = tmp_path / "train.py"
+    script.write_text("import torch\ntorch.ones(2).exp()\nprint('trained')\n")
+    out = tmp_path / "d"
+    holder = subprocess.Popen([sys.executable, str(tmp_path / "holder.py"), str(out)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "READY"
+        proc = _cli("run", "-o", str(out), "--", "python", str(script))
+    finally:
+        holder.communicate(input="\n", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "trained" in proc.stdout  # the user's script ran, untouched
+    assert "in use" in proc.stderr and "dump written" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (f"torchparity: error: no dump was written to {out} by this run: "
+                                                    f"the dump could not start (see the error above)")
+    ops = [r["op"] for r in _lines(out / "step0" / "rank0" / "records.jsonl")]
+    assert ops == ["aten.ones.default", "aten.exp.default", "aten.ones.default", "aten.sin.default"]  # the holder's only
+
+
+@posix_only
 def test_two_dumps_of_one_rank_in_one_process_are_refused(tmp_path: Path) -> None:
     first = torchparity.dump(str(tmp_path / "d"), level="aten").start()
     try:
@@ -382,6 +406,39 @@ def test_run_with_a_failing_script_keeps_its_exit_code_and_a_readable_dump(tmp_p
     # a command that never starts Python (so no dump) is not reported as a written dump either
     proc = _cli("run", "-o", str(tmp_path / "e"), "--", "sh", "-c", "exit 4")
     assert proc.returncode == 4 and "no dump was written" in proc.stderr and "dump written to" not in proc.stderr
+
+
+@posix_only
+def test_run_under_torchrun_dumps_every_rank(tmp_path: Path) -> None:
+    """Before: the launcher process (torchrun itself, no RANK in its environment) started a dump and
+    took rank 0's lock; the rank-0 worker was refused and only rank1/ was written, yet "dump written"."""
+    script = tmp_path / "tiny.py"
+    script.write_text("import torch\ntorch.ones(2).exp()\n")
+    proc = _cli("run", "-o", str(tmp_path / "d"), "--", "python", "-m", "torch.distributed.run", "--nproc-per-node",
+                "2", str(script), timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "could not start" not in proc.stderr and "dump written to" in proc.stderr
+    for r in (0, 1):
+        assert [x["op"] for x in _lines(tmp_path / "d" / "step0" / f"rank{r}" / "records.jsonl")] == \
+            ["aten.ones.default", "aten.exp.default"]
+
+
+def test_the_torchrun_launcher_is_recognised(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from torchparity.dump import _autostart
+
+    spec = importlib.util.spec_from_file_location("tp_autostart_sc", Path(_autostart.__path__[0]) / "sitecustomize.py")
+    monkeypatch.delenv("TORCHPARITY_RUN_OPTIONS", raising=False)  # loading it starts nothing
+    sc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sc)
+    for argv, orig, want in [(["/venv/bin/torchrun", "--nproc-per-node", "2", "t.py"], None, True),
+                             (["t.py"], ["python", "-m", "torch.distributed.run", "t.py"], True),
+                             (["t.py"], ["python", "-m", "torch.distributed.launch", "t.py"], True),
+                             (["t.py"], ["python", "-u", "t.py"], False), (["-c"], ["python", "-c", "pass"], False)]:
+        monkeypatch.setattr(sys, "argv", argv)
+        monkeypatch.setattr(sys, "orig_argv", orig or ["python", *argv], raising=False)
+        assert sc._is_launcher() is want, argv
 
 
 def test_which_python_script_a_command_runs() -> None:

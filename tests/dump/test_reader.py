@@ -411,6 +411,25 @@ def test_stacks_lines_that_are_not_objects(tmp_path):
     (root / "step0" / "rank0" / "stacks.jsonl").write_text('[1]\n5\n"x"\n{"id": "a"}\n{"id": 2, "frames": 7}\n'
                                                           '{"id": 3, "frames": ["a.py:1 in f"]}\n')
     assert open_dump(root).stacks(0, 0) == {2: [], 3: ["a.py:1 in f"]}
+    # the damaged lines are left out with one line naming the file (they used to vanish unseen)
+    warnings: list[str] = []
+    assert open_dump(root).stacks(0, 0, warnings) == {2: [], 3: ["a.py:1 in f"]}
+    assert len(warnings) == 1 and "stacks.jsonl: 4 damaged line(s) left out (line 1:" in warnings[0]
+
+
+def test_compare_names_a_damaged_stacks_file(tmp_path):
+    def run(root):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.GELU(), torch.nn.Linear(6, 2))
+        with torchparity.dump(str(root), level="aten", model=model, stack=True):
+            model(torch.randn(3, 4)).sum().backward()
+        return root
+
+    dev, bench = run(tmp_path / "dev"), run(tmp_path / "bench")
+    f = dev / "step0" / "rank0" / "stacks.jsonl"
+    f.write_text("[1, 2]\n" + f.read_text())
+    res = torchparity.compare(dev, bench)
+    assert [w for w in res.summary["warnings"] if "stacks.jsonl: 1 damaged line(s) left out" in w]
 
 
 @pytest.mark.parametrize("text, why", [

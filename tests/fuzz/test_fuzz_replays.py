@@ -157,3 +157,73 @@ def test_seed_304_msprobe_bytes_that_are_not_utf8_are_damage(ms: Path, tmp_path:
     lost = _reader_damage(bad)
     assert lost and "dump.json" in lost[0] and "not UTF-8" in lost[0]
     assert _not_agree(bad, ms) == "refused"
+
+
+def _rewrite_summary(clean: Path, out: Path, table: str, edit: Callable[[Any], Any]) -> Path:
+    """Copy ``clean`` to ``out`` and rewrite one Parquet summary with ``edit(table)``, keeping its
+    metadata (fingerprint of records.jsonl included): what a byte flip that Parquet cannot detect
+    does (no page checksums by default), without depending on one pyarrow's byte layout."""
+    import pyarrow.parquet as pq
+
+    from torchparity.dump import columnar
+
+    shutil.copytree(clean, out)
+    p = columnar.part_path(out, table, 0, 0)
+    t = pq.read_table(p)
+    pq.write_table(edit(t).replace_schema_metadata(t.schema.metadata), p, compression="zstd")
+    return out
+
+
+@pytest.mark.parametrize("seed, mode, table", [(175, "tensor", "ops"), (237, "statistics", "tensors")])
+def test_seeds_175_237_a_changed_summary_is_not_compared(dumps: dict[str, Path], tmp_path: Path, seed: int,
+                                                         mode: str, table: str) -> None:
+    """bench_fuzz --seed 42 (2026-11-25, after the Parquet summaries became the compare's source):
+    a byte flip left part.parquet readable with an op name ``Aten.t.6.bwacward`` (seed 175) or a
+    producer link to record 199 (seed 237) and the compare said 'agree' from the changed summary.
+    Each summary file now has an XXH3 digest beside it; a file that does not match is not used and
+    the compare reads records.jsonl (the source of truth) with a one-line note."""
+    import pyarrow as pa
+
+    def edit(t: Any) -> Any:
+        if table == "ops":  # rename one op, as seed 175's flip did
+            names = t.column("name").to_pylist()
+            names[-1] = names[-1][:-8] + "bwacward"
+            return t.set_column(t.schema.get_field_index("name"), "name", pa.array(names, t.schema.field("name").type))
+        prod = t.column("producer").to_pylist()  # a producer link to a record that does not exist (seed 237)
+        k = next(i for i, x in enumerate(prod) if x is not None)
+        prod[k] = {**prod[k], **{next(iter(prod[k])): 199}} if isinstance(prod[k], dict) else [199, *list(prod[k])[1:]]
+        return t.set_column(t.schema.get_field_index("producer"), "producer",
+                            pa.array(prod, t.schema.field("producer").type))
+
+    bad = _rewrite_summary(dumps[mode], tmp_path / "m", table, edit)
+    warnings: list[str] = []
+    u = open_dump(bad).units[0]
+    frame = read_unit(u, warnings, compact=True)
+    clean_frame = read_unit(open_dump(dumps[mode]).units[0], [], compact=True)
+    assert any("does not match its digest" in w and "records.jsonl instead" in w for w in warnings), warnings
+    assert sorted(frame["name"].tolist()) == sorted(clean_frame["name"].tolist())  # the JSONL's, not the summary's
+    assert [repr(x) for x in frame.sort_values("record_id", kind="stable")["producer"]] == \
+        [repr(x) for x in clean_frame.sort_values("record_id", kind="stable")["producer"]]
+    res = torchparity.compare(bad, dumps[mode])
+    assert not res.diverged and any("does not match its digest" in w for w in res.summary["warnings"])
+
+
+def test_a_summary_without_its_digest_is_not_used(dumps: dict[str, Path], tmp_path: Path) -> None:
+    """A summary whose digest file is gone (deleted, or written before the digests existed) is
+    skipped silently like a missing one: the compare reads records.jsonl."""
+    import pyarrow as pa
+
+    from torchparity.dump import columnar
+
+    def edit(t: Any) -> Any:
+        names = t.column("name").to_pylist()
+        names[0] = names[0] + "X"
+        return t.set_column(t.schema.get_field_index("name"), "name", pa.array(names, t.schema.field("name").type))
+
+    bad = _rewrite_summary(dumps["statistics"], tmp_path / "m", "ops", edit)
+    columnar.digest_path(columnar.part_path(bad, "ops", 0, 0)).unlink()
+    u = open_dump(bad).units[0]
+    assert columnar.summary_state(u) == ("absent", None)
+    warnings: list[str] = []
+    frame = read_unit(u, warnings, compact=True)
+    assert warnings == [] and not any(str(n).endswith("X") for n in frame["name"].tolist())

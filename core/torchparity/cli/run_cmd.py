@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +39,25 @@ def python_script(cmd: list[str]) -> str | None:
             continue
         return a
     return None
+
+
+#: environment variable naming the folder where each process of a ``run`` leaves ``PID.ok`` when its
+#: dump started, or ``PID.failed`` (the reason) when it could not (dump/_autostart/sitecustomize.py)
+STATUS_ENV = "TORCHPARITY_RUN_STATUS"
+
+
+def _start_status(folder: Path) -> tuple[int, list[str]]:
+    """(processes whose dump started, reasons of those whose dump could not start)."""
+    started, failed = 0, []
+    try:
+        for f in sorted(folder.iterdir()):
+            if f.suffix == ".ok":
+                started += 1
+            elif f.suffix == ".failed":
+                failed.append(" ".join(f.read_text(errors="replace").split()) or "unknown reason")
+    except OSError:
+        pass
+    return started, failed
 
 
 def _dump_written_since(root: Path, t0: float) -> bool:
@@ -79,7 +100,9 @@ def run(output: str, level: str, mode: str, steps: str | None, every: int | None
       torchparity run -o dumps/long --every 100 --light module -- python train.py
 
     Every Python process started by COMMAND dumps its own rank into OUTPUT/step{S}/rank{R}/.
-    Steps advance on optimizer.step(). The exit code is COMMAND's.
+    Steps advance on optimizer.step(). The exit code is COMMAND's, or 2 when COMMAND
+    succeeded but none of its processes could start the dump (e.g. another run is
+    dumping into OUTPUT).
     """
     from ..dump.options import DumpOptions, _ranges, check_output_dir, load_options_file
     from ..errors import UsageError
@@ -129,16 +152,28 @@ def run(output: str, level: str, mode: str, steps: str | None, every: int | None
     if cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable
     t0 = time.time() - 0.01  # coarse file-system clocks: never miss this run's own write
+    status = Path(tempfile.mkdtemp(prefix="torchparity-run-"))
+    env[STATUS_ENV] = str(status)
     try:
         proc = subprocess.run(cmd, env=env)
+        started, failed = _start_status(status)
     except FileNotFoundError:
         raise UsageError(f"command not found: {cmd[0]}") from None
     except PermissionError:
         raise UsageError(f"command {cmd[0]} cannot be executed (permission denied)") from None
+    finally:
+        shutil.rmtree(status, ignore_errors=True)
     rc = proc.returncode
-    if not _dump_written_since(Path(opts["path"]), t0):
+    if failed and not started:  # e.g. another run holds the directory: its files are not this run's dump
+        click.echo(f"torchparity: error: no dump was written to {opts['path']} by this run: the dump could not "
+                   f"start (see the error above)", err=True)
+        return rc if rc != 0 else 2
+    if not started and not _dump_written_since(Path(opts["path"]), t0):
         click.echo(f"torchparity: no dump was written to {opts['path']}: the command (exit code {rc}) started no "
                    f"Python process that reached the dump", err=True)
+    elif failed:
+        click.echo(f"torchparity: {len(failed)} process(es) of the command could not start their dump (see the "
+                   f"error above); what the others wrote is in {opts['path']}", err=True)
     elif rc != 0:
         click.echo(f"torchparity: the command failed (exit code {rc}); what it ran before is in {opts['path']} "
                    f"(see `torchparity info {opts['path']}`)", err=True)

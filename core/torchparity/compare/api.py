@@ -351,7 +351,7 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     both = matching.pair_rows(d, b, pairs)
     _check_same_shapes(both, step, rank)
     rows = _build_rows(both, step, rank)
-    stacks = dr.stacks(step, rank)
+    stacks = dr.stacks(step, rank, warnings)
     _add_tensor_metrics(rows, both, warnings, allow_partial)
     loss_scale.normalise(rows, both, warnings)  # GradScaler: scaled gradients compared divided by S
     rows["judge_dtype"] = rootcause.judge_dtypes(rows, tolerance_dtype, both.get("d_compute_dtype"),

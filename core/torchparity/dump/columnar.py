@@ -14,7 +14,10 @@ own checks), built either from the record objects the dump writer has just writt
 (:mod:`.summary_live`) or by reading ``records.jsonl`` back (:func:`unit_tables`, for ``torchparity
 compact``); each file's Parquet metadata carries a fingerprint of that ``records.jsonl`` (size,
 hashes of its first and last 64 KiB) plus the reader's warnings; a summary whose fingerprint no
-longer matches is not used.
+longer matches is not used. Beside each file, ``part.parquet.xxh3`` holds the XXH3-128 digest of its
+bytes: Parquet has no checksum of its own by default, and a flipped byte can leave a readable file
+with other values (a fuzz run found an op name and a producer link changed that way, compared as
+"agree"); a file that no longer matches its digest is not used (the compare reads records.jsonl).
 
 Files are written under a temporary name and renamed, so a killed process never leaves a half
 file under the real name. :func:`write_tables` is called by the dump writer's thread (``summaries="step"``: at the
@@ -43,6 +46,7 @@ TABLES = ("ops", "tensors", "modules")
 PART = "part.parquet"
 META_KEY = b"torchparity"
 FP_BYTES = 1 << 16  # the fingerprint hashes the first and the last FP_BYTES of records.jsonl
+DIGEST_SUFFIX = ".xxh3"  # part.parquet.xxh3: the XXH3-128 hex digest of part.parquet's bytes
 
 
 def missing_pyarrow() -> str | None:
@@ -132,25 +136,47 @@ def unit_tables(u: DumpUnit) -> tuple[dict[str, Any], dict[str, Any]]:
 # ---- writing --------------------------------------------------------------------------------
 
 
-def _write_atomic(table: Any, path: Path, meta: dict[str, Any], fsync: bool) -> Path:
-    """Write ``table`` to a temporary name beside ``path``; returns that name (renamed by the caller)."""
+def digest_path(path: Path) -> Path:
+    """Where the digest of the summary file ``path`` lives (``part.parquet.xxh3``)."""
+    return path.with_name(path.name + DIGEST_SUFFIX)
+
+
+def file_digest(path: Path) -> str:
+    """XXH3-128 hex digest of a file's bytes (raises OSError)."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_atomic(table: Any, path: Path, meta: dict[str, Any], fsync: bool) -> list[tuple[Path, Path]]:
+    """Write ``table`` and its digest to temporary names beside ``path``; returns the
+    (temporary, final) pairs, renamed by the caller."""
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    dest_digest = digest_path(path)
+    tmp_digest = dest_digest.with_name(f".{dest_digest.name}.{os.getpid()}.tmp")
     table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
     try:
         pq.write_table(table, tmp, compression="zstd")
+        tmp_digest.write_text(file_digest(tmp) + "\n")
         if fsync:
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
+            for f in (tmp, tmp_digest):
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
     except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        for f in (tmp, tmp_digest):
+            try:
+                f.unlink()
+            except OSError:
+                pass
         raise
-    return tmp
+    return [(tmp, path), (tmp_digest, dest_digest)]
 
 
 def write_tables(dump_root: Path, step: int, rank: int,
@@ -169,7 +195,7 @@ def write_tables(dump_root: Path, step: int, rank: int,
     try:
         for name in TABLES:
             dest = part_path(dump_root, name, step, rank)
-            temps.append((_write_atomic(tables[name], dest, dict(meta, table=name), fsync), dest))
+            temps += _write_atomic(tables[name], dest, dict(meta, table=name), fsync)
         for tmp, dest in temps:
             os.replace(tmp, dest)
     except OSError as exc:
@@ -228,7 +254,8 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def summary_state(u: DumpUnit, tables: tuple[str, ...] = TABLES) -> tuple[str, str | None]:
-    """``("ok", None)``, ``("absent", None)`` or ``("bad", why)`` for one unit's summaries."""
+    """``("ok", None)``, ``("absent", None)`` or ``("bad", why)`` for one unit's summaries
+    (summaries without digest files, written before the digests existed, count as absent)."""
     root = dump_root_of(u)
     if root is None:
         return "absent", None
@@ -249,7 +276,30 @@ def summary_state(u: DumpUnit, tables: tuple[str, ...] = TABLES) -> tuple[str, s
             return "bad", f"{p} is unreadable ({type(exc).__name__}: {' '.join(str(exc).split())[:100]})"
         if meta.get("version") != SUMMARY_VERSION or meta.get("records_jsonl") != fp:
             return "bad", f"{p} was made from another records.jsonl (stale)"
+        if not digest_path(p).is_file():  # written before the digests existed: the JSONL, silently
+            return "absent", None
+        why = _digest_problem(p)
+        if why:
+            return "bad", why
     return "ok", None
+
+
+def _digest_problem(p: Path) -> str | None:
+    """None when the summary file ``p`` matches its ``.xxh3`` digest; else why not (one line)."""
+    dp = digest_path(p)
+    try:
+        want = dp.read_text(encoding="ascii", errors="replace").strip()
+    except FileNotFoundError:
+        return f"{p} has no digest file {dp.name}"
+    except OSError as exc:
+        return f"cannot read {dp} ({exc.strerror or exc})"
+    try:
+        got = file_digest(p)
+    except OSError as exc:
+        return f"cannot read {p} ({exc.strerror or exc})"
+    if got != want:
+        return f"{p} does not match its digest {dp.name} (changed or damaged after it was written)"
+    return None
 
 
 def _objects(col: Any) -> Any:

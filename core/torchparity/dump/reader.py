@@ -104,19 +104,43 @@ class DumpReader:
         footer = _read_json_file(u.path / "footer.json", [])
         return footer if isinstance(footer, dict) else None
 
-    def stacks(self, step: int, rank: int) -> dict[int, list[str]]:
-        """Call stacks by id (``stacks.jsonl`` / msprobe ``stack.json``)."""
+    def stacks(self, step: int, rank: int, warnings: list[str] | None = None) -> dict[int, list[str]]:
+        """Call stacks by id (``stacks.jsonl`` / msprobe ``stack.json``). Damaged lines of
+        ``stacks.jsonl`` (not JSON, not an object with an integer ``id``) are left out (the ops that
+        point at them show no call stack) and counted in one line in ``warnings``."""
         u = self.unit(step, rank)
         if u.format == "msprobe":
             from .msprobe_reader import read_msprobe_stacks
 
             return read_msprobe_stacks(u.path)[0]
         out: dict[int, list[str]] = {}
-        for obj in _iter_jsonl(u.path / "stacks.jsonl", []):
+        path = u.path / "stacks.jsonl"
+        if not path.is_file():
+            return out
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            if warnings is not None:
+                warnings.append(f"cannot read {path} ({exc.strerror or exc}); "
+                                f"the ops show no call stack")
+            return out
+        bad: list[int] = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                obj = None
             if not isinstance(obj, dict) or type(obj.get("id")) is not int:
-                continue  # a damaged line: the ops that point at it show no call stack
+                bad.append(n)
+                continue
             frames = obj.get("frames")
             out[obj["id"]] = [str(f) for f in frames] if isinstance(frames, list) else []
+        if bad and warnings is not None:
+            warnings.append(f"{path}: {len(bad)} damaged line(s) left out (line "
+                            f"{bad[0]}: not an object with an integer id); the ops that point at them show no "
+                            f"call stack (the numbers are unaffected)")
         return out
 
     def modules(self, step: int, rank: int) -> list[dict[str, Any]]:
