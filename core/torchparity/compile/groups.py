@@ -69,10 +69,9 @@ def group_nodes(graph: torch.fx.Graph) -> list[NodeGroup]:
         inside = set(nodes)
         if key[0] == "self":
             head = key[1]
-            if isinstance(head.meta.get("val"), (list, tuple)):
-                outs = [n for n in nodes if n.target is operator.getitem and n.args[1] == 0]
-            else:
-                outs = [head]
+            outs = _escaping(nodes, inside)
+            if isinstance(head.meta.get("val"), (list, tuple)):  # output 0 (or what a pass put after it)
+                outs = [n for n in outs if (n.target is operator.getitem and n.args[1] == 0) or JOIN in n.meta]
             meta_node = head
             target = head.target
         else:
@@ -93,7 +92,15 @@ def group_nodes(graph: torch.fx.Graph) -> list[NodeGroup]:
     return groups
 
 
+#: ``node.meta[JOIN] = other``: a node added by a graph pass (a planted fault) that belongs to the
+#: group of ``other`` (its value becomes the op's value when it is used outside the group)
+JOIN = "torchparity_group_of"
+
+
 def _key_of(node: torch.fx.Node) -> tuple[Any, Any]:
+    joined = node.meta.get(JOIN)
+    if isinstance(joined, torch.fx.Node) and joined is not node:
+        return _key_of(joined)
     src, seq = _source(node), node.meta.get("seq_nr")
     if src is None or seq is None or str(src) == str(node.target):
         return ("self", node)
