@@ -85,7 +85,10 @@ def test_inductor_vs_eager_compare_no_false_divergence(tmp_path, eager_dump):
     res = torchparity.compare(eager_dump, tmp_path / "c", output_dir=tmp_path / "out")
     s = res.summary
     n_comp = len(_records(tmp_path / "c"))
-    assert s["n_unmatched_bench"] == 0 and s["n_compared"] == n_comp
+    paired = res.rows[res.rows["match"] != "unmatched"]
+    # every compiled record paired with its eager op; inputs traced to their producers compared too
+    assert s["n_unmatched_bench"] == 0 and paired["bench_record_id"].nunique() == n_comp
+    assert (paired["io"] == "input").sum() >= 8
     assert s["n_error"] == 0 and s["n_warning"] == 0 and not s["diverged"] and res.root_cause is None
 
 
@@ -97,3 +100,77 @@ def test_planted_fault_in_graph_is_named(tmp_path, eager_dump, phase):
     assert res.summary["diverged"]
     rc = res.root_cause
     assert rc is not None and rc.module == "ln" and rc.phase == phase, rc
+
+
+@pytest.mark.slow
+def test_hf_llama_inductor_vs_eager_no_false_divergence(tmp_path):
+    """A random-init HF Llama (tiny) compiled with Inductor vs its eager aten dump: aligned, no divergence."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=4, vocab_size=64, max_position_embeddings=64,
+                                   attn_implementation="eager")
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+
+    def run(backend=None) -> float:
+        torch.manual_seed(0)
+        m = transformers.LlamaForCausalLM(cfg)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        torch._dynamo.reset()
+        fn = torch.compile(m, backend=backend) if backend is not None else m
+        if backend is not None:
+            backend.attach(opt)
+        loss = fn(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        if backend is not None:
+            backend.close()
+        return loss.item()
+
+    with torchparity.dump(tmp_path / "eager", level="aten"):
+        run()
+    run(compile_backend(tmp_path / "comp"))
+    res = torchparity.compare(tmp_path / "eager", tmp_path / "comp", output_dir=tmp_path / "out")
+    s = res.summary
+    n_comp = len(_records(tmp_path / "comp"))
+    paired = res.rows[res.rows["match"] != "unmatched"]
+    assert paired["bench_record_id"].nunique() > 0.6 * n_comp  # most compiled records found their eager op
+    assert {"forward", "backward"} <= set(res.rows.loc[res.rows["match"] != "unmatched", "phase"])
+    assert s["n_error"] == 0 and s["n_warning"] == 0 and not s["diverged"] and res.root_cause is None
+
+
+class Masked(nn.Module):
+    """Causal-masked attention scores: the softmax's eager input holds -inf (the mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.q(x) @ x.transpose(-1, -2)
+        mask = torch.full((x.shape[-2], x.shape[-2]), float("-inf")).triu(1)
+        return torch.softmax(s + mask, -1) @ x
+
+
+def test_masked_softmax_input_is_compared_through_its_producer(tmp_path):
+    """The compiled softmax has no input rows of its own: its input is the paired ``add``'s output
+    (-inf on both sides), not an eager-only tensor with -inf (an overflow false alarm)."""
+    def run(backend=None) -> None:
+        torch.manual_seed(0)
+        m = Masked()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        torch._dynamo.reset()
+        f = torch.compile(m, backend=backend) if backend is not None else m
+        if backend is not None:
+            backend.attach(opt)
+        f(torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1))).pow(2).mean().backward()
+        opt.step()
+        if backend is not None:
+            backend.close()
+
+    with torchparity.dump(tmp_path / "eager", level="aten"):
+        run()
+    run(compile_backend(tmp_path / "comp"))
+    res = torchparity.compare(tmp_path / "eager", tmp_path / "comp", output_dir=tmp_path / "out")
+    assert res.summary["n_error"] == 0 and not res.summary["diverged"], res.rows[res.rows["verdict"] == "error"]
+    sm_in = res.rows[(res.rows["op"] == "aten._softmax.default") & (res.rows["io"] == "input") & (res.rows["arg"] == "0")]
+    assert len(sm_in) == 1 and sm_in["match"].iat[0] != "unmatched" and sm_in["bench_inf"].iat[0] > 0

@@ -347,7 +347,9 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
         raise DumpError(f"the {side} dump has no records for step{step}/rank{rank}"
                         + (f": {(dw if side == 'device' else bw)[-1]}" if (dw if side == "device" else bw) else ""))
     if compiled.is_compiled(dr.header(step, rank)) or compiled.is_compiled(br.header(step, rank)):
-        pairs = compiled.match_compiled(d, b, mapping)  # a torch.compile capture: by module, phase, source op
+        # a torch.compile capture: by module, phase and source op; its records' inputs from their producers
+        pairs = compiled.match_compiled(d, b, mapping)
+        d, b = compiled.add_inputs(d, b, pairs)
     else:
         pairs = matching.match_records(d, b, mapping)
     _check_same_computation(pairs, step, rank)

@@ -153,6 +153,10 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
     def skip(reason: str) -> None:
         res.skipped[reason] = res.skipped.get(reason, 0) + 1
 
+    if phase == "forward":  # every forward node's module (views too: their backward is captured)
+        for n in graph.nodes:
+            if n.op == "call_function" and n.meta.get("seq_nr") is not None and n.meta.get("nn_module_stack"):
+                fwd_modules.setdefault(n.meta["seq_nr"], module_of(n.meta))
     for group in group_nodes(graph):
         node, meta_node, target = group.out, group.meta_node, group.target
         val = node.meta.get("val")
