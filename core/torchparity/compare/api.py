@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import DumpError, TorchparityError, UsageError
 from ..results import CompareResult, Suspect
-from . import integrity, loss_scale, matching, rootcause
+from . import compiled, integrity, loss_scale, matching, rootcause
 from .suspects import rank_suspects
 from .judge import judge
 from .rows import MIN_PAIRED_FRACTION  # noqa: F401  (re-exported: the documented constant)
@@ -346,7 +346,12 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
         side = "device" if not len(d) else "bench"
         raise DumpError(f"the {side} dump has no records for step{step}/rank{rank}"
                         + (f": {(dw if side == 'device' else bw)[-1]}" if (dw if side == "device" else bw) else ""))
-    pairs = matching.match_records(d, b, mapping)
+    if compiled.is_compiled(dr.header(step, rank)) or compiled.is_compiled(br.header(step, rank)):
+        # a torch.compile capture: by module, phase and source op; its records' inputs from their producers
+        pairs = compiled.match_compiled(d, b, mapping)
+        d, b = compiled.add_inputs(d, b, pairs)
+    else:
+        pairs = matching.match_records(d, b, mapping)
     _check_same_computation(pairs, step, rank)
     both = matching.pair_rows(d, b, pairs)
     _check_same_shapes(both, step, rank)

@@ -108,7 +108,8 @@ class CompileCapture:
     written as ``step{S}/rank{R}`` of ``output_dir``."""
 
     def __init__(self, output_dir: str | Path | None, *, mode: str = "statistics", inner: str = "inductor",
-                 sink: Any = None, inductor_config: dict[str, Any] | None = None) -> None:
+                 sink: Any = None, inductor_config: dict[str, Any] | None = None,
+                 graph_pass: Callable[[torch.fx.GraphModule, str], None] | None = None) -> None:
         # ``sink`` (torchparity.dump's compiled-model bridge, compile/in_dump.py) takes each graph
         # run's records and extra outputs instead of this object's own dump
         if mode not in (_DUMP_MODES if sink is not None else _MODES):
@@ -123,8 +124,12 @@ class CompileCapture:
         if output_dir is not None and self.output_dir.exists() and not self.output_dir.is_dir():
             raise UsageError(f"compile_backend: output_dir {str(self.output_dir)!r} is a file, not a directory; "
                              f"pass a new or empty directory for the dump")
+        if graph_pass is not None and not callable(graph_pass):
+            raise UsageError(f"compile_backend: graph_pass must be a function (graph_module, phase) -> None, "
+                             f"not {type(graph_pass).__name__}")
         self.mode = mode
         self.inner = inner
+        self.graph_pass = graph_pass
         self.step_index = 0
         self._buffer: list[tuple[list[NodeRecord], list[torch.Tensor], Any]] = []
         self._skipped: dict[str, int] = {}
@@ -173,6 +178,9 @@ class CompileCapture:
 
     def _instrument(self, gm: torch.fx.GraphModule, example_inputs: list[Any], phase: str,
                     fwd_modules: dict[int, tuple[str, str | None]]) -> Instrumented:
+        if self.graph_pass is not None:  # a test-facing FX pass that changes the graph (a planted fault)
+            self.graph_pass(gm, phase)
+            gm.recompile()
         info = instrument(gm, example_inputs, phase, fwd_modules, values=self.mode != "statistics")
         self._graphs[phase] += 1
         for reason, n in info.skipped.items():
@@ -249,7 +257,8 @@ class CompileCapture:
         self.close()
 
 
-def compile_backend(output_dir: str | Path, *, mode: str = "statistics", inner: str = "inductor") -> CompileCapture:
+def compile_backend(output_dir: str | Path, *, mode: str = "statistics", inner: str = "inductor",
+                    graph_pass: Callable[[torch.fx.GraphModule, str], None] | None = None) -> CompileCapture:
     """A ``torch.compile`` backend capturing statistics inside the compiled graphs::
 
         cap = torchparity.compile_backend("dumps/compiled")
@@ -257,5 +266,10 @@ def compile_backend(output_dir: str | Path, *, mode: str = "statistics", inner: 
         cap.attach(optimizer)       # a step per optimizer.step()
         ...
         cap.close()
+
+    ``graph_pass(graph_module, phase)``, when given, runs on each AOTAutograd graph (``phase``
+    ``"forward"``/``"backward"``) before the capture instruments it: it may change the graph in
+    place (e.g. :func:`torchparity.compile.faults.scale_module_output`, a planted numeric fault
+    for tests), and its changes are what runs and what is captured.
     """
-    return CompileCapture(output_dir, mode=mode, inner=inner)
+    return CompileCapture(output_dir, mode=mode, inner=inner, graph_pass=graph_pass)

@@ -8,13 +8,13 @@ the vectors are appended to the graph's outputs and taken off again by the wrapp
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx
 
+from .groups import group_nodes
 from .records import NodeRecord, module_of, source_line, stable_id
 
 aten = torch.ops.aten
@@ -150,27 +150,19 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
     outs = [outs] if single else list(outs)
     res = Instrumented(n_outputs=len(outs))
     counters: dict[tuple[str, str, str], int] = {}
-    targets = [n for n in graph.nodes if n.op == "call_function"]
     extra: list[torch.fx.Node] = []
 
     def skip(reason: str) -> None:
         res.skipped[reason] = res.skipped.get(reason, 0) + 1
 
-    for node in targets:
+    if phase == "forward":  # every forward node's module (views too: their backward is captured)
+        for n in graph.nodes:
+            if n.op == "call_function" and n.meta.get("seq_nr") is not None and n.meta.get("nn_module_stack"):
+                fwd_modules.setdefault(n.meta["seq_nr"], module_of(n.meta))
+    for group in group_nodes(graph):
+        node, meta_node, target = group.out, group.meta_node, group.target
         val = node.meta.get("val")
-        target = node.target
-        if target is operator.getitem:
-            # output 0 of a multi-output op (native_layer_norm ...) stands for that op
-            src = node.args[0]
-            if node.args[1] != 0 or not isinstance(src, torch.fx.Node) or src.op != "call_function":
-                continue
-            target = src.target
-            meta_node = src
-        else:
-            meta_node = node
-        if not isinstance(val, torch.Tensor):
-            continue
-        if not val.dtype.is_floating_point:
+        if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
             continue
         if _is_view(target):
             continue
@@ -202,7 +194,7 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
             node_id=stable_id(module, phase, op, idx), source=source_line(meta_node.meta),
             dtype=str(val.dtype).replace("torch.", ""), shape=[x if isinstance(x, int) else 0 for x in shp],
             stride=[x if isinstance(x, int) else 0 for x in st], device=str(val.device),
-            seq_nr=seq_nr))
+            seq_nr=seq_nr, extra={"graph_nodes": group.size}))
     if res.symbolic:
         res.bindings = _bindings(gm)
     if extra:

@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_ROOT = re.compile(r"^L\[['\"][^'\"]+['\"]\]\.?")
+# the traced root: L['self'], or L['args'][0] when Dynamo traces the module through a wrapper
+_ROOT = re.compile(r"^L\[['\"][^'\"]+['\"]\](\[\d+\])?\.?")
 _MODULES = re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]")
 _INDEX = re.compile(r"\[(\d+)\]")
 

@@ -65,7 +65,7 @@ class CompiledDump:
                     writer.add_stack(step, rank, stack, [rec.source])
             r = op_record(rid, f"Aten.{short}.{n}.{rec.phase}", rec.op, "aten", rec.phase, rec.module, ci, step,
                           rank, rec.module_class, None, stack,
-                          {"compiled": True, "node": rec.node, "node_id": rec.node_id})
+                          {"compiled": True, "node": rec.node, "node_id": rec.node_id, **rec.extra})
             e = tensor_entry("output", "0", rec.dtype, rec.shape, rec.stride, rec.device, False)
             r.tensors = [e]
             records.append(r)

@@ -1,0 +1,151 @@
+"""Pair a compiled graph's records (``torchparity.compile_backend``) with an eager dump's ops.
+
+A compiled dump (its step header has a ``compile`` object) records one record per eager aten op
+that the graph computes: Inductor's decompositions of one op are captured once, as that op
+(docs/compile.md). Its sequence is still not the eager one: views, ``t``, ``detach``, ops the
+partitioner or Inductor removed, and the ops outside the compiled region (the loss, the
+optimizer) have no compiled record. So the records are aligned per (phase, module, source op),
+in order, on the shape of output 0 (the only tensor a compiled record has): an order-preserving
+alignment that skips the eager calls without a compiled counterpart. What does not align stays
+unmatched on its side - never an error. The general matcher's cross-op stages (a different op of
+the same shapes, renamed modules) are not used: a compiled record names its source op and module,
+so pairing it with another op would compare different values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import matching
+
+#: copies that only change a value's memory layout. Eager and compiled runs make different layout
+#: choices (a compiled ``matmul`` clones an expanded operand that eager reshapes as a view), so the
+#: k-th ``clone`` of a module on one side is not the k-th on the other; their values are copies of
+#: values captured anyway, so they are left unmatched rather than paired by order
+LAYOUT_COPIES = frozenset({"aten.clone.default", "aten._unsafe_view.default", "aten.contiguous.default",
+                           "aten.copy.default", "aten.alias.default", "aten.lift_fresh_copy.default",
+                           "aten.view_copy.default", "aten.expand_copy.default", "aten._reshape_copy.default"})
+
+
+def is_compiled(header: Mapping[str, Any] | None) -> bool:
+    """Whether a step header is a compiled capture's (it carries a ``compile`` object)."""
+    return isinstance(header, Mapping) and isinstance(header.get("compile"), Mapping)
+
+
+def eager_outputs(rows: Any) -> Any:
+    """An eager dump's rows without the input tensors of records that have outputs.
+
+    A compiled record has its output only; an eager op's inputs are its producers' outputs,
+    compared there. Left in, they would be tensors on the eager side only, where a one-sided check
+    reads an eager softmax's masked ``-inf`` input as "NaN/Inf the other side does not have"."""
+    io = matching.text_column(rows["io"])
+    has_out = set(rows.loc[(io == "output").to_numpy(), "record_id"].tolist())
+    drop = (io == "input").to_numpy() & rows["record_id"].isin(has_out).to_numpy()
+    return rows[~drop] if drop.any() else rows
+
+
+def _output_shapes(rows: Any) -> dict[int, str]:
+    """record id -> the text of its output 0 shape ("" when it has none)."""
+    sub = rows[(matching.text_column(rows["io"]) == "output") & (matching.text_column(rows["arg"]) == "0")]
+    if not len(sub):
+        return {}
+    shp = matching.text_column(sub["shape"], missing="-")
+    return dict(zip(sub["record_id"].tolist(), shp.tolist()))
+
+
+def match_compiled(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | None = None) -> Any:
+    """Pair records of one (step, rank) where one side (or both) is a compiled capture. Returns
+    the frame of :func:`matching.match_records`: ``dev_rid, bench_rid, match`` (``compiled`` for
+    pairs made here, ``unmatched`` with -1 on the other side)."""
+    import pandas as pd
+
+    d = matching.record_table(dev_rows, mapping)
+    b = matching.record_table(bench_rows, None)
+    sd, sb = _output_shapes(dev_rows), _output_shapes(bench_rows)
+    gb: dict[tuple[Any, ...], list[int]] = {}
+    for rid, *key in zip(b["record_id"].tolist(), b["phase"].tolist(), b["mkey"].tolist(), b["op"].tolist()):
+        gb.setdefault(tuple(key), []).append(rid)
+    gd: dict[tuple[Any, ...], list[int]] = {}
+    for rid, *key in zip(d["record_id"].tolist(), d["phase"].tolist(), d["mkey"].tolist(), d["op"].tolist()):
+        gd.setdefault(tuple(key), []).append(rid)
+    got: list[tuple[int, int]] = []
+    for key, ids_d in gd.items():
+        ids_b = gb.get(key)
+        if not ids_b or key[2] in LAYOUT_COPIES:
+            continue
+        a = [sd.get(i, "") for i in ids_d]
+        bb = [sb.get(i, "") for i in ids_b]
+        got += [(ids_d[x], ids_b[y]) for x, y in matching._align(a, bb)]
+    md = {x for x, _ in got}
+    mb = {y for _, y in got}
+    ud = np.array([r for r in d["record_id"].tolist() if r not in md], dtype=np.int64)
+    ub = np.array([r for r in b["record_id"].tolist() if r not in mb], dtype=np.int64)
+    parts = [pd.DataFrame(got, columns=["dev_rid", "bench_rid"]).assign(match="compiled"),
+             pd.DataFrame({"dev_rid": ud, "bench_rid": -1, "match": "unmatched"}),
+             pd.DataFrame({"dev_rid": -1, "bench_rid": ub, "match": "unmatched"})]
+    out = pd.concat([p for p in parts if len(p)], ignore_index=True)
+    out["dev_rid"] = out["dev_rid"].astype("int64")
+    out["bench_rid"] = out["bench_rid"].astype("int64")
+    out["match"] = out["match"].astype(object)
+    return out
+
+
+
+#: the columns of a tensor row that describe the tensor itself (taken from the producer's output)
+_TENSOR_COLS = ("kind", "dtype", "shape", "requires_grad", "max", "min", "mean", "norm", "nan", "inf", "md5",
+                "value", "tensor", "compute_dtype")
+
+
+def add_inputs(dev_rows: Any, bench_rows: Any, pairs: Any) -> tuple[Any, Any]:
+    """Give the compiled side's paired records the input rows of their eager counterparts.
+
+    A compiled record has its output only. An eager op's input that is its producer's output 0,
+    unchanged (same shape: no view in between), is on the compiled side the output of the compiled
+    record paired with that producer: that row is added as the compiled record's input (same
+    ``arg``, ``producer`` = that compiled record), so the input is compared like an eager pair's
+    and the root cause gets its input error. Inputs that cannot be traced this way stay on the
+    eager side only (unmatched rows)."""
+    import pandas as pd
+
+    dev_is_compiled = not (dev_rows["io"] == "input").any() and (bench_rows["io"] == "input").any()
+    eager, comp = (bench_rows, dev_rows) if dev_is_compiled else (dev_rows, bench_rows)
+    p = pairs[(pairs["dev_rid"] >= 0) & (pairs["bench_rid"] >= 0)]
+    e2c = dict(zip(p["bench_rid"].tolist(), p["dev_rid"].tolist())) if dev_is_compiled else \
+        dict(zip(p["dev_rid"].tolist(), p["bench_rid"].tolist()))
+    if not e2c or "producer" not in eager.columns:
+        return dev_rows, bench_rows
+    c_out = comp[(comp["io"] == "output") & (comp["arg"].astype(str) == "0")].drop_duplicates("record_id").set_index("record_id")
+    e_out = eager[(eager["io"] == "output") & (eager["arg"].astype(str) == "0")].drop_duplicates("record_id").set_index("record_id")
+    e_shape = e_out["shape"].to_dict()
+    new = []
+    cand = eager[(eager["io"] == "input") & eager["producer"].notna() & eager["record_id"].isin(list(e2c))]
+    for rid, arg, prod, shape in zip(cand["record_id"].tolist(), cand["arg"].tolist(), cand["producer"].tolist(),
+                                     cand["shape"].tolist()):
+        if not isinstance(prod, tuple) or len(prod) != 2 or prod[1] != 0:
+            continue
+        src = e2c.get(prod[0])
+        if src is None or src not in c_out.index or e2c[rid] not in c_out.index:
+            continue
+        if _shape_key(e_shape.get(prod[0])) != _shape_key(shape):
+            continue  # a view between producer and consumer: not the same value
+        row = c_out.loc[e2c[rid]].copy()
+        srow = c_out.loc[src]
+        for c in _TENSOR_COLS:
+            if c in row.index:
+                row[c] = srow[c]
+        row["io"], row["arg"], row["producer"] = "input", arg, (src, 0)
+        row["record_id"] = e2c[rid]
+        new.append(row)
+    if not new:
+        return dev_rows, bench_rows
+    add = pd.DataFrame(new).reset_index(drop=True)[comp.columns]
+    comp = pd.concat([comp, add], ignore_index=True)
+    return (comp, bench_rows) if dev_is_compiled else (dev_rows, comp)
+
+
+def _shape_key(s: Any) -> Any:
+    if s is None or (isinstance(s, float) and s != s):
+        return None
+    return tuple(s) if isinstance(s, (list, tuple, np.ndarray)) else s

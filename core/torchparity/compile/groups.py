@@ -1,0 +1,113 @@
+"""Group the nodes of a decomposed graph by the eager aten op they come from.
+
+AOTAutograd records, on every node it traces, the aten op being traced when the node was made
+(``node.meta["original_aten"]``) and the autograd sequence number of the eager call
+(``node.meta["seq_nr"]``, shared by a forward op and its backward). Inductor's decompositions run
+during that trace, so the ``var_mean``, ``rsqrt``, ``sub``, ``mul`` ... of a decomposed
+``native_layer_norm`` all carry ``original_aten=aten.native_layer_norm.default`` and one
+``seq_nr``. (Checked on torch 2.2 - 2.13; ``from_node`` names the Dynamo-level call, not the aten
+op, and is absent in the backward graph, so it is not used.)
+
+A group is captured once, as its source op; its value is the one the eager op would return
+(output 0 of a multi-output op): the largest floating value of the group used outside it.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+
+@dataclass
+class NodeGroup:
+    """The graph nodes of one eager op: ``out`` holds the op's value, ``target`` is the source op."""
+
+    target: Any  # the eager aten op (OpOverload), or the node's own target when unknown
+    out: torch.fx.Node  # the node whose value stands for the op's output 0
+    meta_node: torch.fx.Node  # the node whose metadata (module, seq_nr, stack) describes the op
+    size: int  # graph nodes in the group (getitem nodes included)
+
+
+def _source(node: torch.fx.Node) -> Any:
+    return node.meta.get("original_aten")
+
+
+def _val_numel(node: torch.fx.Node) -> int | None:
+    v = node.meta.get("val")
+    if not isinstance(v, torch.Tensor) or not v.dtype.is_floating_point:
+        return None
+    n = v.numel()
+    return n if isinstance(n, int) else 1 << 62  # a symbolic size: a full-size value
+
+
+def group_nodes(graph: torch.fx.Graph) -> list[NodeGroup]:
+    """The groups of ``graph``'s call_function nodes, in the graph order of their output node.
+
+    Nodes with the same (``original_aten``, ``seq_nr``) that are not themselves that op form one
+    group (a decomposition); a node that is its source op (``addmm`` from ``addmm``) is a group
+    of its own with its ``getitem`` nodes (two ``mm`` of one ``addmm`` backward stay two). Nodes
+    with no provenance are groups of their own."""
+    members: dict[Any, list[torch.fx.Node]] = {}
+    order: dict[torch.fx.Node, int] = {}
+    for i, node in enumerate(graph.nodes):
+        order[node] = i
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
+                and node.args[0].op == "call_function":
+            owner = node.args[0]
+            key = _key_of(owner)
+        else:
+            key = _key_of(node)
+        members.setdefault(key, []).append(node)
+    groups: list[NodeGroup] = []
+    for key, nodes in members.items():
+        inside = set(nodes)
+        if key[0] == "self":
+            head = key[1]
+            outs = _escaping(nodes, inside)
+            if isinstance(head.meta.get("val"), (list, tuple)):  # output 0 (or what a pass put after it)
+                outs = [n for n in outs if (n.target is operator.getitem and n.args[1] == 0) or JOIN in n.meta]
+            meta_node = head
+            target = head.target
+        else:
+            outs = _escaping(nodes, inside)
+            meta_node = next((n for n in nodes if n.meta.get("nn_module_stack")), nodes[-1])
+            target = _source(nodes[0]) if _source(nodes[0]) is not None else _source(nodes[-1])
+        best = None
+        for n in outs:
+            numel = _val_numel(n)
+            if numel is None:
+                continue
+            if best is None or numel >= best[0]:
+                best = (numel, n)
+        if best is None:
+            continue
+        groups.append(NodeGroup(target=target, out=best[1], meta_node=meta_node, size=len(nodes)))
+    groups.sort(key=lambda g: order[g.out])
+    return groups
+
+
+#: ``node.meta[JOIN] = other``: a node added by a graph pass (a planted fault) that belongs to the
+#: group of ``other`` (its value becomes the op's value when it is used outside the group)
+JOIN = "torchparity_group_of"
+
+
+def _key_of(node: torch.fx.Node) -> tuple[Any, Any]:
+    joined = node.meta.get(JOIN)
+    if isinstance(joined, torch.fx.Node) and joined is not node:
+        return _key_of(joined)
+    src, seq = _source(node), node.meta.get("seq_nr")
+    if src is None or seq is None or str(src) == str(node.target):
+        return ("self", node)
+    # by name: the same op's OpOverload objects are not always one object (nor equal) in the meta
+    return (str(src), seq)
+
+
+def _escaping(nodes: list[torch.fx.Node], inside: set[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The nodes of a group whose value is used outside it (or is a graph output)."""
+    return [n for n in nodes if any(u not in inside for u in n.users)]
