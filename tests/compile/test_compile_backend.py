@@ -124,6 +124,7 @@ def test_recompile_with_dynamic_shapes_writes_runtime_shapes(tmp_path):
     for batch in (4, 6):
         run(torch.randn(batch, 8)).sum().backward()
         cap.step()
+    cap.close()  # the step's write is asynchronous: on disk once closed
     steps = [[json.loads(line) for line in (tmp_path / "d" / f"step{s}" / "rank0" / "records.jsonl").read_text().splitlines()]
              for s in (0, 1)]
     assert cap.header()["graphs"]["forward"] == 2  # the recompile was instrumented too

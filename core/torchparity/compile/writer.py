@@ -72,8 +72,9 @@ class CompiledDump:
             slots.append(e)
             rows.append(stats)
         writer.submit(Batch(step, rank, records, slots, torch.tensor(rows, dtype=torch.float64).reshape(-1, 6)))
+        # no flush: the writer thread writes the step while training goes on (waiting for it here
+        # cost ~16 ms of a 16 ms step); close() writes what is queued
         writer.end_step(step)
-        writer.flush()  # on disk when step() returns, as the statistics are on the host by then
         return len(records)
 
     def close(self) -> None:
