@@ -23,10 +23,10 @@ _spec.loader.exec_module(_h)
 batches, guarded, same_bits, state, stepper = _h.batches, _h.guarded, _h.same_bits, _h.state, _h.stepper
 
 
-def _train(tmp_path, data, watch: bool = True, **opts):
+def _train(tmp_path, data, watch: bool = True, dropout: bool = True, **opts):
     model = guarded()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    step = stepper(model, opt, dropout=True)
+    step = stepper(model, opt, dropout=dropout)
     w = None
     if watch:
         with torchparity.watch(model, opt, output_dir=tmp_path / "w", **opts) as w:
@@ -193,3 +193,39 @@ def test_grad_scaler_state_is_snapshotted_and_restored(tmp_path):
     assert [t.kind for t in w.triggers] == ["loss_spike"] and w.reports[0]["reproducible"] is True
     assert w.reports[0]["replay_consistent"] is True
     assert same_bits(state(m1, o1), state(m0, o0)) and s1.get_scale() == s0.get_scale()
+
+
+_MARK = torch.tensor(0.777)
+
+
+class _BadKernel(torchparity.OpConsumer):
+    """A 'device' whose second forward addmm (the head) is wrong (x100) for one batch (the model's
+    input has x[0, 0] == 0.777): a data-dependent kernel bug, so the spike reproduces on the re-run."""
+
+    layer = torchparity.LAYER_DEVICE
+    marked = False
+
+    def on_op(self, call, args, kwargs, run):
+        out = run(*args, **kwargs)
+        if call.info.base == "addmm" and call.phase == "forward":
+            if call.index == 0:
+                self.marked = bool(args[1][0, 0] == _MARK)
+            elif self.marked:
+                from torchparity.capture.tool_state import tool_work
+
+                with tool_work():
+                    out = out * 100.0
+        return out
+
+
+def test_with_a_reference_online_compare_names_the_op_of_a_loss_spike(tmp_path):
+    data = batches(10)
+    data[8][0][0, 0] = _MARK
+    with torchparity.op_stream().attached(_BadKernel()):
+        model, opt, w = _train(tmp_path, data, every=4, on_trigger="continue", reference="cpu", window=3, min_window=3,
+                                 dropout=False)
+    rep = w.reports[0]
+    assert rep["step"] == 8 and rep["trigger"]["kind"] == "loss_spike" and rep["reproducible"] is True
+    rc = rep["root_cause"]
+    assert (rc["name"], rc["module"], rc["phase"], rc["source"]) == ("Aten.addmm.1.forward", "head", "forward", "compare")
+    assert rep["case"] and torchparity.replay(rep["case"]).verdict == "error"

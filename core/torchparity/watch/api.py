@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..capture.tool_state import tool_work
 from ..errors import TorchparityError, UsageError
 from .confirm import confirm
 from .options import WatchOptions
@@ -119,6 +120,12 @@ class Watch:
         return loss
 
     def _values(self, loss: Any) -> torch.Tensor:
+        """``[loss, grad norm]`` as one small float32 tensor (the tool's own work: never seen by a
+        dump, tracker or device running alongside)."""
+        with tool_work(), torch.no_grad():
+            return self._values_now(loss)
+
+    def _values_now(self, loss: Any) -> torch.Tensor:
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             lv = loss.detach().float().reshape(1)
         elif isinstance(loss, (int, float)) and not isinstance(loss, bool):
@@ -144,10 +151,11 @@ class Watch:
         trig = self.tier.judge(rec.step, rec.loss, rec.norm)
         rank, world = _rank()
         if world > 1:  # all ranks replay together when one triggers
-            flag = torch.tensor([0 if trig is None else 1], dtype=torch.int32)
-            if torch.distributed.get_backend() == "nccl":
-                flag = flag.cuda()
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            with tool_work():
+                flag = torch.tensor([0 if trig is None else 1], dtype=torch.int32)
+                if torch.distributed.get_backend() == "nccl":
+                    flag = flag.cuda()
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
             if int(flag.item()) and trig is None:
                 trig = Trigger("peer", rec.step, rec.loss)
         if trig is not None:
