@@ -37,7 +37,7 @@ _LAZY = {
     "NanInfTracker": "torchparity.online.naninf:NanInfTracker",
     "replay": "torchparity.online.replay:replay",
     "GradMonitor": "torchparity.gradients.monitor:GradMonitor",
-    "watch": "torchparity.watch.api:watch",
+    "watch": "torchparity.watch:watch",
     "ReplicaCheck": "torchparity.replicas.online:ReplicaCheck",
     "check_replicas": "torchparity.replicas.offline:check_replicas",
     "get_registry": "torchparity.plugins:get_registry",
