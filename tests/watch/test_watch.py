@@ -229,3 +229,16 @@ def test_with_a_reference_online_compare_names_the_op_of_a_loss_spike(tmp_path):
     rc = rep["root_cause"]
     assert (rc["name"], rc["module"], rc["phase"], rc["source"]) == ("Aten.addmm.1.forward", "head", "forward", "compare")
     assert rep["case"] and torchparity.replay(rep["case"]).verdict == "error"
+
+
+def test_memory_budget_counts_the_optimizer_state_once_it_exists(tmp_path):
+    model = guarded()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    # room for the parameters and 2 batches, not for AdamW's two moments (created at the first step)
+    budget = params + 2 * (4 * 8 + 4) * 4 + params
+    with torchparity.watch(model, opt, output_dir=tmp_path, every=2, memory_budget=budget) as w:
+        with pytest.raises(UsageError, match="over memory_budget=") as ei:
+            for b in batches(4):
+                w.run(stepper(model, opt), b)
+    assert w.step == 2 and "\n" not in str(ei.value)

@@ -156,7 +156,6 @@ class History:
         self.snapshot_step = -1
         self.steps: list[StepRecord] = []
         self.peak = 0  # the most host bytes held at once
-        self._checked = False
 
     @property
     def nbytes(self) -> int:
@@ -172,8 +171,7 @@ class History:
         self.steps.append(rec)
         used = self.nbytes
         self.peak = max(self.peak, used)
-        if not self._checked:  # the first step: what every K steps will need
-            self._checked = True
+        if step == self.snapshot_step:  # at each snapshot (optimizer state appears at its first step):
             need = self.snapshot.nbytes + self.every * tree_bytes(rec.batch)
             if need > self.budget:
                 raise UsageError(f"watch: the snapshot and {self.every} kept batches need {need / 2**20:.1f} MiB on the host, "
