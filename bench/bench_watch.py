@@ -4,8 +4,8 @@ Times forward + backward + AdamW on the bench model, interleaved in this process
 ``torchparity.watch`` (the cheap tier: one grad-norm and one small host read per step, a host
 snapshot every ``--every`` steps, each step's batch and RNG states kept). Target (issue 18): <= 1.05x.
 Then measures the host memory the watch holds and the time from a trigger to its report: a NaN
-planted by the emulated device in the last step before the next snapshot (the worst case: every
-kept step is replayed, then the bad one is re-run under the full aten dump and the NaN tracker).
+planted in the batch of the last step before the next snapshot (the worst case: every kept step
+is replayed, then the bad one is re-run under the full aten dump and the NaN tracker).
 Writes bench/results/watch.md (``--out``).
 """
 
@@ -53,20 +53,29 @@ class WatchRun:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def trigger_to_report(bench: Bench, root: str, every: int) -> dict[str, Any]:
-    """Run ``every`` steps under the watch with a NaN planted in the last one; time that step."""
-    from torchparity_backend_emulated import Fault, emulate
+def _poisoned_step(bench: Bench, batch: Any) -> torch.Tensor:
+    """The bench step, with the loss multiplied by ``batch[2]`` (1.0: bitwise the plain step; NaN:
+    a NaN that comes back whenever this batch is run, i.e. a reproducible fault)."""
+    inputs, targets, factor = batch
+    logits = bench.model(inputs)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)) * factor
+    loss.backward()
+    bench.opt.step()
+    bench.opt.zero_grad()
+    return loss
 
+
+def trigger_to_report(bench: Bench, root: str, every: int) -> dict[str, Any]:
+    """Run ``every`` steps under the watch, the last one's batch poisoned; time that step."""
     out = Path(tempfile.mkdtemp(dir=root))
-    fault = Fault(op="aten.mm", phase="forward", call=0, step=every - 1, kind="nan", index=0)
-    batch = (bench.inputs, bench.targets)
-    with emulate(dtype=None, faults=[fault]):
-        with torchparity.watch(bench.model, bench.opt, output_dir=out, every=every, on_trigger="continue") as w:
-            for _ in range(every - 1):
-                w.run(lambda _b: Bench.step(bench), batch)
-            t0 = time.perf_counter()
-            w.run(lambda _b: Bench.step(bench), batch)
-            total = time.perf_counter() - t0
+    clean = (bench.inputs, bench.targets, torch.tensor(1.0))
+    bad = (bench.inputs, bench.targets, torch.tensor(float("nan")))
+    with torchparity.watch(bench.model, bench.opt, output_dir=out, every=every, on_trigger="continue") as w:
+        for _ in range(every - 1):
+            w.run(lambda b: _poisoned_step(bench, b), clean)
+        t0 = time.perf_counter()
+        w.run(lambda b: _poisoned_step(bench, b), bad)
+        total = time.perf_counter() - t0
     rep = w.reports[0]
     return {"total": total, "confirm": rep["seconds_to_report"], "replayed": len(rep["replayed"]),
             "verdict": rep["verdict"], "root": rep["root_cause"], "peak": rep["host_bytes_peak"],
@@ -76,7 +85,7 @@ def trigger_to_report(bench: Bench, root: str, every: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round")
     ap.add_argument("--every", type=int, default=10, help="snapshot every N steps (the watch's every=)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
@@ -117,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
               f"- parameters: {params / 2**20:.1f} MiB; snapshot (parameters, buffers, AdamW state): "
               f"{trig['snapshot'] / 2**20:.1f} MiB; most held at once (snapshot + kept batches): {peak / 2**20:.1f} MiB",
               "", "## Trigger to report", "",
-              f"- a NaN planted (emulated device, transient) in step {a.every - 1}, the last before the next snapshot: "
-              f"{trig['replayed']} steps replayed, the bad one re-run under the aten dump + NaN tracker",
+              f"- a NaN planted in step {a.every - 1}'s batch (the loss times NaN; reproducible), the last step before "
+              f"the next snapshot: {trig['replayed']} steps replayed, the bad one re-run under the aten dump + NaN tracker",
               f"- the triggering step took {trig['total']:.2f} s in all ({trig['confirm']:.2f} s from the trigger to "
-              f"the report); verdict {trig['verdict']}; tool-off step {base.median:.3f} s"]
+              f"the report); verdict {trig['verdict']}, root cause {trig['root'].get('name')} "
+              f"({trig['root'].get('module') or 'outside any module'}); tool-off step {base.median:.3f} s"]
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
