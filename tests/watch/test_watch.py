@@ -242,3 +242,34 @@ def test_memory_budget_counts_the_optimizer_state_once_it_exists(tmp_path):
             for b in batches(4):
                 w.run(stepper(model, opt), b)
     assert w.step == 2 and "\n" not in str(ei.value)
+
+
+def _record_names(path):
+    out = []
+    for f in sorted(Path(path).glob("step*/rank0/records.jsonl")):
+        out += [(f.parent.parent.name, json.loads(line)["name"]) for line in f.read_text().splitlines() if line.strip()]
+    return out
+
+
+def test_the_cheap_tier_is_invisible_to_a_dump_and_attaches_nothing_per_op(tmp_path):
+    data = batches(3)
+    seen = []
+    for watched in (False, True):
+        model = guarded()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        step = stepper(model, opt)
+
+        def spy(b, step=step):
+            seen.append(len(torchparity.op_stream().consumers))
+            return step(b)
+
+        with torchparity.dump(str(tmp_path / f"d{watched}"), level="aten", model=model):
+            if watched:
+                with torchparity.watch(model, opt, output_dir=tmp_path / "w") as w:
+                    for b in data:
+                        w.run(spy, b)
+            else:
+                for b in data:
+                    spy(b)
+    assert _record_names(tmp_path / "dTrue") == _record_names(tmp_path / "dFalse") != []
+    assert set(seen) == {1}  # the dump's capture only: the watch adds no consumer of the op stream

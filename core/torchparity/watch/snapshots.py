@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..capture.tool_state import tool_work
 from ..errors import UsageError
 
 
@@ -84,7 +85,8 @@ class StepRecord:
     norm: float | None = None
 
     def device_batch(self) -> Any:
-        return _tree_zip(self.batch, self.devices)
+        with tool_work():
+            return _tree_zip(self.batch, self.devices)
 
 
 def _tree_zip(batch: Any, devices: Any) -> Any:
@@ -123,8 +125,9 @@ class State:
 
 
 def capture_state(model: torch.nn.Module, optimizer: Any, scaler: Any) -> State:
-    """Copy the training state to the host (without touching the user's tensors)."""
-    with torch.no_grad():
+    """Copy the training state to the host (without touching the user's tensors; the tool's own
+    work: a dump or tracker running alongside does not see it)."""
+    with tool_work(), torch.no_grad():
         m = {k: _to_host(v) for k, v in model.state_dict(keep_vars=True).items()}
         o = _tree(optimizer.state_dict(), _to_host)
         o = copy.deepcopy({k: v for k, v in o.items()})
@@ -134,15 +137,15 @@ def capture_state(model: torch.nn.Module, optimizer: Any, scaler: Any) -> State:
 
 def restore_state(st: State, model: torch.nn.Module, optimizer: Any, scaler: Any) -> None:
     """Write a captured state back into the user's model, optimizer and scaler (in place)."""
-    with torch.no_grad():
+    with tool_work(), torch.no_grad():
         live = model.state_dict(keep_vars=True)
         for k, v in st.model.items():
             live[k].data.copy_(v)
         for p in model.parameters():
             p.grad = None
-    optimizer.load_state_dict(_tree(st.optimizer, lambda t: t.clone()))
-    if scaler is not None and st.scaler is not None:
-        scaler.load_state_dict(copy.deepcopy(st.scaler))
+        optimizer.load_state_dict(_tree(st.optimizer, lambda t: t.clone()))
+        if scaler is not None and st.scaler is not None:
+            scaler.load_state_dict(copy.deepcopy(st.scaler))
     if st.rng:
         set_rng_state(st.rng)
 
@@ -167,7 +170,8 @@ class History:
             self.snapshot, self.steps = None, []
             self.snapshot = capture_state(model, optimizer, scaler)
             self.snapshot_step = step
-        rec = StepRecord(step, _tree(batch, _to_host), _devices(batch), rng_state())
+        with tool_work():
+            rec = StepRecord(step, _tree(batch, _to_host), _devices(batch), rng_state())
         self.steps.append(rec)
         used = self.nbytes
         self.peak = max(self.peak, used)
