@@ -118,9 +118,14 @@ def main(argv: list[str] | None = None) -> int:
              f"- Protocol: {a.rounds} interleaved rounds x (2 warm-up + {a.steps} timed steps); median per-step "
              f"time; ratio = median / tool-off median in the same process. A fresh watch per round: its "
              f"snapshots fall on steps 0, {a.every}, ... (one per {a.every} steps in the timed ones).", "",
-             "| configuration | ms/step | ratio |", "|---|---|---|"]
+             "| configuration | ms/step (median) | ratio | rounds: min..max ms/step |", "|---|---|---|---|"]
     for name, t in res.items():
-        lines.append(f"| {name} | {t.median * 1000:.1f} | {fmt_ratio(t, base)} |")
+        spread = f"{min(t.per_step) * 1000:.0f}..{max(t.per_step) * 1000:.0f}" if t.per_step else "-"
+        lines.append(f"| {name} | {t.median * 1000:.1f} | {fmt_ratio(t, base)} | {spread} |")
+    ratios = [w / b for w, b in zip(res[f"watch (every={a.every})"].per_step, base.per_step)]
+    if ratios:
+        lines += ["", "Per-round ratio (watch / tool off, same round): " + ", ".join(f"{r:.2f}" for r in ratios)
+                  + "; a spread much wider than the target means the machine was too loaded to resolve 1.05x."]
     peak = max((r.peak for r in runs), default=0)
     lines += ["", "## Host memory", "",
               f"- parameters: {params / 2**20:.1f} MiB; snapshot (parameters, buffers, AdamW state): "
