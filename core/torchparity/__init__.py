@@ -38,6 +38,7 @@ _LAZY = {
     "replay": "torchparity.online.replay:replay",
     "bisect": "torchparity.bisect:bisect",
     "GradMonitor": "torchparity.gradients.monitor:GradMonitor",
+    "watch": "torchparity.watch:watch",
     "ReplicaCheck": "torchparity.replicas.online:ReplicaCheck",
     "check_replicas": "torchparity.replicas.offline:check_replicas",
     "get_registry": "torchparity.plugins:get_registry",

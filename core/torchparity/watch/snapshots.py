@@ -1,0 +1,183 @@
+"""Host copies of what a replay needs: a snapshot of parameters, optimizer state and grad scaler
+every K steps, and each later step's batch and RNG states (CPU, CUDA, Python, NumPy)."""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..capture.tool_state import tool_work
+from ..errors import UsageError
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``t`` (pinned and asynchronous from a CUDA device)."""
+    t = t.detach()
+    if t.device.type == "cuda":
+        h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        h.copy_(t, non_blocking=True)
+        return h
+    return t.clone()
+
+
+def _tree(x: Any, fn: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, dict):
+        return type(x)((k, _tree(v, fn)) for k, v in x.items()) if type(x) is not dict else {k: _tree(v, fn) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        out = [_tree(v, fn) for v in x]
+        return type(x)(*out) if hasattr(x, "_fields") else type(x)(out)
+    return x
+
+
+def tree_bytes(x: Any) -> int:
+    """Bytes of the tensors in a nested structure."""
+    n = [0]
+
+    def add(t: torch.Tensor) -> torch.Tensor:
+        n[0] += t.numel() * t.element_size()
+        return t
+
+    _tree(x, add)
+    return n[0]
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a training step may draw from."""
+    st: dict[str, Any] = {"cpu": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        st["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover
+        pass
+    return st
+
+
+def set_rng_state(st: dict[str, Any]) -> None:
+    torch.set_rng_state(st["cpu"])
+    random.setstate(st["python"])
+    if "cuda" in st:
+        torch.cuda.set_rng_state_all(st["cuda"])
+    if "numpy" in st:
+        import numpy as np
+
+        np.random.set_state(st["numpy"])
+
+
+@dataclass
+class StepRecord:
+    """One step since the snapshot: its batch (on the host), where its tensors lived, RNG states
+    before it ran and what the cheap tier read (loss, grad norm)."""
+
+    step: int
+    batch: Any
+    devices: Any
+    rng: dict[str, Any]
+    loss: float | None = None
+    norm: float | None = None
+
+    def device_batch(self) -> Any:
+        with tool_work():
+            return _tree_zip(self.batch, self.devices)
+
+
+def _tree_zip(batch: Any, devices: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(devices) if devices is not None and batch.device != devices else batch.clone()
+    if isinstance(batch, dict):
+        return {k: _tree_zip(v, devices[k]) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        out = [_tree_zip(b, d) for b, d in zip(batch, devices)]
+        return type(batch)(*out) if hasattr(batch, "_fields") else type(batch)(out)
+    return copy.deepcopy(batch)
+
+
+def _devices(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.device
+    if isinstance(x, dict):
+        return {k: _devices(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_devices(v) for v in x]
+    return None
+
+
+@dataclass
+class State:
+    """Parameters and buffers, optimizer state and grad-scaler state on the host."""
+
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scaler: dict[str, Any] | None
+    rng: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return tree_bytes(self.model) + tree_bytes(self.optimizer)
+
+
+def capture_state(model: torch.nn.Module, optimizer: Any, scaler: Any) -> State:
+    """Copy the training state to the host (without touching the user's tensors; the tool's own
+    work: a dump or tracker running alongside does not see it)."""
+    with tool_work(), torch.no_grad():
+        m = {k: _to_host(v) for k, v in model.state_dict(keep_vars=True).items()}
+        o = _tree(optimizer.state_dict(), _to_host)
+        o = copy.deepcopy({k: v for k, v in o.items()})
+    s = copy.deepcopy(scaler.state_dict()) if scaler is not None else None
+    return State(m, o, s, rng_state())
+
+
+def restore_state(st: State, model: torch.nn.Module, optimizer: Any, scaler: Any) -> None:
+    """Write a captured state back into the user's model, optimizer and scaler (in place)."""
+    with tool_work(), torch.no_grad():
+        live = model.state_dict(keep_vars=True)
+        for k, v in st.model.items():
+            live[k].data.copy_(v)
+        for p in model.parameters():
+            p.grad = None
+        optimizer.load_state_dict(_tree(st.optimizer, lambda t: t.clone()))
+        if scaler is not None and st.scaler is not None:
+            scaler.load_state_dict(copy.deepcopy(st.scaler))
+    if st.rng:
+        set_rng_state(st.rng)
+
+
+class History:
+    """The snapshot taken every ``every`` steps and the steps run since, within ``budget`` bytes."""
+
+    def __init__(self, every: int, budget: int) -> None:
+        self.every, self.budget = every, budget
+        self.snapshot: State | None = None
+        self.snapshot_step = -1
+        self.steps: list[StepRecord] = []
+        self.peak = 0  # the most host bytes held at once
+
+    @property
+    def nbytes(self) -> int:
+        return (self.snapshot.nbytes if self.snapshot else 0) + sum(tree_bytes(s.batch) for s in self.steps)
+
+    def begin_step(self, step: int, batch: Any, model: torch.nn.Module, optimizer: Any, scaler: Any) -> StepRecord:
+        """Before ``step`` runs: snapshot when due, keep its batch and RNG states."""
+        if self.snapshot is None or step - self.snapshot_step >= self.every:
+            self.snapshot, self.steps = None, []
+            self.snapshot = capture_state(model, optimizer, scaler)
+            self.snapshot_step = step
+        with tool_work():
+            rec = StepRecord(step, _tree(batch, _to_host), _devices(batch), rng_state())
+        self.steps.append(rec)
+        used = self.nbytes
+        self.peak = max(self.peak, used)
+        if step == self.snapshot_step:  # at each snapshot (optimizer state appears at its first step):
+            need = self.snapshot.nbytes + self.every * tree_bytes(rec.batch)
+            if need > self.budget:
+                raise UsageError(f"watch: the snapshot and {self.every} kept batches need {need / 2**20:.1f} MiB on the host, "
+                                 f"over memory_budget={self.budget / 2**20:.1f} MiB; raise memory_budget or lower every")
+        return rec
