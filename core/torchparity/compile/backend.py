@@ -181,7 +181,8 @@ class CompileCapture:
         if self.graph_pass is not None:  # a test-facing FX pass that changes the graph (a planted fault)
             self.graph_pass(gm, phase)
             gm.recompile()
-        info = instrument(gm, example_inputs, phase, fwd_modules, values=self.mode != "statistics")
+        info = instrument(gm, example_inputs, phase, fwd_modules, values=self.mode != "statistics",
+                          fuses=self.inner == "inductor")
         self._graphs[phase] += 1
         for reason, n in info.skipped.items():
             self._skipped[reason] = self._skipped.get(reason, 0) + n

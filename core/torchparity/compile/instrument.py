@@ -100,6 +100,37 @@ def _is_view(target: Any) -> bool:
     return any(a.alias_info is not None and not a.alias_info.is_write for a in schema.returns)
 
 
+#: ops Inductor runs as extern kernels: their inputs and outputs are always stored buffers
+_EXTERN = frozenset({"mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "convolution", "convolution_backward",
+                     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                     "_scaled_mm", "_int_mm"})
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+_FUSED_AWAY = ("low-precision value Inductor may keep in registers (capturing it would store it rounded "
+               "and change the numerics)")
+
+
+def _stored_anyway(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes whose value Inductor stores whatever else reads it: graph outputs and the inputs and
+    outputs of extern kernels (matmuls, convolutions, fused attention), through views to their base.
+    Reading such a value adds a kernel but cannot change how the graph's own values are rounded."""
+    stored: set[torch.fx.Node] = set()
+
+    def add(a: Any) -> None:
+        while isinstance(a, torch.fx.Node) and a.op == "call_function" and _is_view(a.target) and a.args:
+            a = a.args[0]
+        if isinstance(a, torch.fx.Node):
+            stored.add(a)
+
+    for n in graph.nodes:
+        if n.op == "output":
+            torch.fx.node.map_arg(n.args, add)
+        elif n.op == "call_function" and getattr(getattr(n.target, "_overloadpacket", None), "__name__", "") in _EXTERN:
+            stored.add(n)
+            torch.fx.node.map_arg((n.args, n.kwargs), add)
+    return stored
+
+
 def _add(graph: torch.fx.Graph, mode: Any, target: Any, *args: Any) -> torch.fx.Node:
     """Add ``target(*args)`` to ``graph`` with its fake ``meta["val"]`` (Inductor needs it)."""
     node = graph.call_function(target, args)
@@ -137,11 +168,15 @@ def _stats_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torc
 
 
 def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
-               fwd_modules: dict[int, tuple[str, str | None]], values: bool = False) -> Instrumented:
+               fwd_modules: dict[int, tuple[str, str | None]], values: bool = False,
+               fuses: bool = False) -> Instrumented:
     """Instrument ``gm`` in place. ``fwd_modules`` maps a forward node's ``seq_nr`` to its module
     (filled in the forward phase, read in the backward phase, whose nodes carry no module stack).
     With ``values`` (md5/tensor modes) the extra outputs are the captured values themselves
-    instead of their statistics vectors."""
+    instead of their statistics vectors. ``fuses``: the inner compiler fuses (Inductor), which
+    computes a bf16/fp16 chain of pointwise ops in float32 and rounds only what it stores; reading
+    an intermediate would make it store (round) that value for its other readers too, so only
+    low-precision values it stores anyway are captured (the rest is listed as not captured)."""
     graph = gm.graph
     mode = _fake_mode(gm, example_inputs)
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
@@ -159,12 +194,16 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
         for n in graph.nodes:
             if n.op == "call_function" and n.meta.get("seq_nr") is not None and n.meta.get("nn_module_stack"):
                 fwd_modules.setdefault(n.meta["seq_nr"], module_of(n.meta))
+    stored = _stored_anyway(graph) if fuses else None
     for group in group_nodes(graph):
         node, meta_node, target = group.out, group.meta_node, group.target
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
             continue
         if _is_view(target):
+            continue
+        if stored is not None and val.dtype in _LOW_PRECISION and node not in stored:
+            skip(_FUSED_AWAY)
             continue
         numel = val.numel()
         if isinstance(numel, int) and numel == 0:
