@@ -130,6 +130,9 @@ def compare(
             warnings.append(f"the bench dump was produced by an emulated device ({emulated_dtype(ben, common)}): "
                             f"is it the benchmark you meant?")
 
+    why = compiled.random_mismatch([(dev.header(s, r) or {}, ben.header(s, r) or {}) for s, r in common])
+    if why:
+        raise UsageError(why)
     jobs = [(str(dev.path), str(ben.path), s, r, mapping, threshold, tolerance_dtype, allow_partial) for s, r in common]
     results = _run_jobs(jobs, workers, dev, ben)
 
@@ -156,6 +159,7 @@ def compare(
         rows, problems = judge(rows, checkers, mode)
     warnings += problems
     integrity.apply_not_compared(rows)
+    compiled.skip_one_sided(rows, {k for k, info in zip(common, per_pair) if info.get("compiled")})
     # a suspect whose output a checker passes (a tolerance the user configured) is no suspect;
     # every other suspect's output is an error: verdicts and root cause never disagree
     accepted = integrity.accepted_by_checkers(rows, [x for sus in pair_sus for x in sus])
@@ -350,6 +354,7 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
         # a torch.compile capture: by module, phase and source op; its records' inputs from their producers
         pairs = compiled.match_compiled(d, b, mapping)
         d, b = compiled.add_inputs(d, b, pairs)
+        info["compiled"] = True
     else:
         pairs = matching.match_records(d, b, mapping)
     _check_same_computation(pairs, step, rank)

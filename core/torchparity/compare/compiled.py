@@ -28,6 +28,15 @@ LAYOUT_COPIES = frozenset({"aten.clone.default", "aten._unsafe_view.default", "a
                            "aten.copy.default", "aten.alias.default", "aten.lift_fresh_copy.default",
                            "aten.view_copy.default", "aten.expand_copy.default", "aten._reshape_copy.default"})
 
+#: factory ops: constants, not computations. A decomposition brings its own (``masked_fill`` becomes
+#: ``where(mask, scalar_tensor(v), x)``), so the k-th constant of a module on one side need not be
+#: the k-th on the other (BERT: a compiled 0.0 against the eager mask's -inf): they pair only with a
+#: constant of the same shape and value
+CONSTANTS = frozenset(f"aten.{op}.{ov}" for op in ("scalar_tensor", "full", "zeros", "ones", "empty", "arange",
+                                                    "iota", "full_like", "zeros_like", "ones_like", "empty_like",
+                                                    "new_full", "new_zeros", "new_ones", "new_empty", "empty_strided")
+                      for ov in ("default", "start", "start_step", "names", "memory_format", "out"))
+
 
 def is_compiled(header: Mapping[str, Any] | None) -> bool:
     """Whether a step header is a compiled capture's (it carries a ``compile`` object)."""
@@ -55,6 +64,15 @@ def _output_shapes(rows: Any) -> dict[int, str]:
     return dict(zip(sub["record_id"].tolist(), shp.tolist()))
 
 
+def _output_values(rows: Any) -> dict[int, str]:
+    """record id -> the text of its output 0's max and min (a constant's value)."""
+    sub = rows[(matching.text_column(rows["io"]) == "output") & (matching.text_column(rows["arg"]) == "0")]
+    if not len(sub) or "max" not in sub or "min" not in sub:
+        return {}
+    return {rid: f"|{hi!r}|{lo!r}" for rid, hi, lo in zip(sub["record_id"].tolist(), sub["max"].tolist(),
+                                                           sub["min"].tolist())}
+
+
 def match_compiled(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | None = None) -> Any:
     """Pair records of one (step, rank) where one side (or both) is a compiled capture. Returns
     the frame of :func:`matching.match_records`: ``dev_rid, bench_rid, match`` (``compiled`` for
@@ -64,6 +82,7 @@ def match_compiled(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | 
     d = matching.record_table(dev_rows, mapping)
     b = matching.record_table(bench_rows, None)
     sd, sb = _output_shapes(dev_rows), _output_shapes(bench_rows)
+    vd, vb = _output_values(dev_rows), _output_values(bench_rows)
     gb: dict[tuple[Any, ...], list[int]] = {}
     for rid, *key in zip(b["record_id"].tolist(), b["phase"].tolist(), b["mkey"].tolist(), b["op"].tolist()):
         gb.setdefault(tuple(key), []).append(rid)
@@ -75,8 +94,9 @@ def match_compiled(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | 
         ids_b = gb.get(key)
         if not ids_b or key[2] in LAYOUT_COPIES:
             continue
-        a = [sd.get(i, "") for i in ids_d]
-        bb = [sb.get(i, "") for i in ids_b]
+        const = key[2] in CONSTANTS
+        a = [sd.get(i, "") + (vd.get(i, "?d") if const else "") for i in ids_d]
+        bb = [sb.get(i, "") + (vb.get(i, "?b") if const else "") for i in ids_b]
         got += [(ids_d[x], ids_b[y]) for x, y in matching._align(a, bb)]
     md = {x for x, _ in got}
     mb = {y for _, y in got}
@@ -149,3 +169,49 @@ def _shape_key(s: Any) -> Any:
     if s is None or (isinstance(s, float) and s != s):
         return None
     return tuple(s) if isinstance(s, (list, tuple, np.ndarray)) else s
+
+
+#: why a one-sided row of a compiled-vs-eager compare is not judged
+ONE_SIDED = ("in one run only: the compiled graph does not hold this value separately (fused, decomposed or "
+             "deduplicated), so there is nothing to compare it with")
+
+
+def skip_one_sided(rows: Any, keys: set[tuple[int, int]]) -> int:
+    """In the (step, rank) units of ``keys`` (compiled captures), rows with a value on one side only
+    become ``skip`` (:data:`ONE_SIDED`) whatever a checker said: the other run compiled that value
+    away, which says nothing about its numerics (an eager attention mask's ``-inf`` the compiled
+    graph folded into another op is no overflow). Returns how many rows changed."""
+    import pandas as pd
+
+    if not keys or not len(rows) or "device_dtype" not in rows or "bench_dtype" not in rows:
+        return 0
+    unit = pd.Series(list(zip(rows["step"].tolist(), rows["rank"].tolist())), index=rows.index).isin(keys)
+    one = rows["device_dtype"].isna() ^ rows["bench_dtype"].isna()
+    mask = (unit & one & (rows["verdict"] != "skip")).to_numpy()
+    if not mask.any():
+        return 0
+    for col, val in (("verdict", "skip"), ("reason", ONE_SIDED), ("checker", "")):
+        v = rows[col].to_numpy(dtype=object).copy()
+        v[mask] = val
+        rows[col] = pd.Series(v, index=rows.index, dtype=object)
+    return int(mask.sum())
+
+
+def random_mismatch(headers: list[tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]]) -> str | None:
+    """Why a compiled-vs-eager compare cannot judge values (``None`` when it can): one side is an
+    Inductor capture whose graphs draw random numbers (dropout ...) from Inductor's own generator
+    (``torch._inductor.config.fallback_random`` off), the other side is not, so every value after
+    the first random op differs for a reason that is not numerics. ``headers``: (device, bench) step
+    headers of the units compared."""
+    for hd, hb in headers:
+        cd = hd.get("compile") if is_compiled(hd) else None
+        cb = hb.get("compile") if is_compiled(hb) else None
+        if (cd is None) == (cb is None):
+            continue  # both eager, or both compiled (Inductor draws the same numbers from the same seed)
+        c = cd if cd is not None else cb
+        if c.get("random_ops") and c.get("inner") == "inductor" and c.get("fallback_random") is False:
+            return (f"the compiled run's graphs draw random numbers ({c['random_ops']} random op(s), e.g. dropout) "
+                    f"from Inductor's own generator, so its values differ from the eager run's after the first of "
+                    f"them whatever the numerics: re-run the compiled side with "
+                    f"torch._inductor.config.fallback_random = True (or without dropout, model.eval()) and compare again")
+    return None

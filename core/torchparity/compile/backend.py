@@ -133,6 +133,8 @@ class CompileCapture:
         self.step_index = 0
         self._buffer: list[tuple[list[NodeRecord], list[torch.Tensor], Any]] = []
         self._skipped: dict[str, int] = {}
+        self._random_ops = 0
+        self._fallback_random: bool | None = None
         self._graphs = {"forward": 0, "backward": 0}
         self._hooks: list[Any] = []
         self.transfers = 0  # host transfers so far (one per device and dtype group per step)
@@ -184,6 +186,12 @@ class CompileCapture:
         info = instrument(gm, example_inputs, phase, fwd_modules, values=self.mode != "statistics",
                           fuses=self.inner == "inductor")
         self._graphs[phase] += 1
+        self._random_ops += info.random_ops
+        if info.random_ops and self.inner == "inductor":
+            import torch._inductor.config as inductor_config
+
+            self._fallback_random = bool(getattr(inductor_config, "fallback_random", False)
+                                         or self.inductor_config.get("fallback_random", False))
         for reason, n in info.skipped.items():
             self._skipped[reason] = self._skipped.get(reason, 0) + n
         return info
@@ -239,7 +247,9 @@ class CompileCapture:
     def header(self) -> dict[str, Any]:
         """What the dump header says about the compiled capture (graphs, what was not captured)."""
         return {"backend": "torchparity.compile_backend", "inner": self.inner, "graphs": dict(self._graphs),
-                "not_captured": dict(self._skipped)}
+                "not_captured": dict(self._skipped),
+                # random ops compiled by Inductor draw from its own generator unless fallback_random
+                "random_ops": self._random_ops, "fallback_random": self._fallback_random}
 
     def close(self) -> None:
         """Write what is pending and remove the optimizer hooks."""

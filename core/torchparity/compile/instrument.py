@@ -32,6 +32,7 @@ class Instrumented:
     # give the symbols' values from a run's inputs, and per record its symbolic shape and stride
     bindings: list[tuple[int, int | None, Any]] = field(default_factory=list)
     symbolic: dict[int, tuple[list[Any], list[Any]]] = field(default_factory=dict)
+    random_ops: int = 0  # nodes drawing random numbers (dropout ...): see RANDOM_OPS
 
     def concrete_shapes(self, args: list[Any]) -> dict[int, tuple[list[int], list[int]]] | None:
         """Record index -> (shape, stride) of this run, for records with symbolic sizes."""
@@ -106,6 +107,12 @@ _EXTERN = frozenset({"mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "convolutio
                      "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
                      "_scaled_mm", "_int_mm"})
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
+#: ops that draw random numbers; under Inductor they use its own generator (unless
+#: ``torch._inductor.config.fallback_random``), so their values differ from an eager run's
+RANDOM_OPS = frozenset({"native_dropout", "bernoulli", "bernoulli_", "rand", "randn", "rand_like", "randn_like",
+                        "randint", "randint_like", "randperm", "normal", "uniform", "uniform_", "normal_",
+                        "multinomial", "inductor_random", "inductor_seeds", "inductor_lookup_seed",
+                        "philox_rand", "exponential", "exponential_"})
 _FUSED_AWAY = ("low-precision value Inductor may keep in registers (capturing it would store it rounded "
                "and change the numerics)")
 
@@ -195,6 +202,9 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
             if n.op == "call_function" and n.meta.get("seq_nr") is not None and n.meta.get("nn_module_stack"):
                 fwd_modules.setdefault(n.meta["seq_nr"], module_of(n.meta))
     stored = _stored_anyway(graph) if fuses else None
+    res.random_ops = sum(1 for n in graph.nodes if n.op == "call_function"
+                         and getattr(getattr(n.target, "_overloadpacket", None), "__name__",
+                                     getattr(n.target, "__name__", "")) in RANDOM_OPS)
     for group in group_nodes(graph):
         node, meta_node, target = group.out, group.meta_node, group.target
         val = node.meta.get("val")

@@ -1,0 +1,80 @@
+"""Compiled vs eager on what real models do (found on HF BERT): an attention mask built in every
+layer that the compiled graph computes once (CSE), constants a decomposition brings, and dropout,
+which Inductor draws from its own generator."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchparity
+from torchparity.compile import compile_backend
+from torchparity.errors import UsageError
+
+pytestmark = pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 2),
+                                reason="the compile backend needs torch >= 2.2 (AOTAutograd node metadata)")
+
+
+class Attn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.drop = nn.Linear(8, 8), nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        # the mask each layer builds from the same input (eager: twice; compiled: once)
+        mask = torch.where(keep[:, None, :], 0.0, float("-inf"))
+        s = self.q(x) @ x.transpose(-1, -2) + mask
+        return x + self.drop(torch.softmax(s, -1)) @ x
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.out = Attn(), Attn(), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return self.out(self.b(self.a(x, keep), keep))
+
+
+def _run(backend=None) -> None:
+    torch.manual_seed(0)
+    m = Net()
+    torch._dynamo.reset()
+    run = torch.compile(m, backend=backend) if backend is not None else m
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1))
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    keep[1, 4:] = False
+    torch.manual_seed(1)
+    run(x, keep).pow(2).mean().backward()
+    if backend is not None:
+        backend.close()
+
+
+@pytest.fixture(scope="module")
+def eager(tmp_path_factory):
+    d = tmp_path_factory.mktemp("eager") / "d"
+    with torchparity.dump(d, level="aten"):
+        _run()
+    return d
+
+
+def test_dropout_drawn_by_inductor_is_refused_with_the_fix(tmp_path, eager):
+    import torch._inductor.config as cfg
+
+    with cfg.patch(fallback_random=False):
+        _run(compile_backend(tmp_path / "c"))
+    with pytest.raises(UsageError, match="fallback_random = True"):
+        torchparity.compare(eager, tmp_path / "c", output_dir=tmp_path / "out")
+
+
+def test_with_fallback_random_masks_and_constants_are_no_divergence(tmp_path, eager):
+    import torch._inductor.config as cfg
+
+    with cfg.patch(fallback_random=True):
+        _run(compile_backend(tmp_path / "c"))
+    res = torchparity.compare(eager, tmp_path / "c", output_dir=tmp_path / "out")
+    s = res.summary
+    assert s["n_error"] == 0 and not s["diverged"] and res.root_cause is None, res.rows[res.rows["verdict"] == "error"]
+    paired = res.rows[res.rows["match"] != "unmatched"]
+    assert {"a", "b"} <= set(paired["module"])  # both layers' ops were compared, not just skipped
