@@ -106,15 +106,22 @@ _EXTERN = frozenset({"mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "convolutio
                      "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                      "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
                      "_scaled_mm", "_int_mm"})
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
 #: ops that draw random numbers; under Inductor they use its own generator (unless
 #: ``torch._inductor.config.fallback_random``), so their values differ from an eager run's
 RANDOM_OPS = frozenset({"native_dropout", "bernoulli", "bernoulli_", "rand", "randn", "rand_like", "randn_like",
                         "randint", "randint_like", "randperm", "normal", "uniform", "uniform_", "normal_",
                         "multinomial", "inductor_random", "inductor_seeds", "inductor_lookup_seed",
                         "philox_rand", "exponential", "exponential_"})
-_FUSED_AWAY = ("low-precision value Inductor may keep in registers (capturing it would store it rounded "
-               "and change the numerics)")
+_FUSED_AWAY = ("value Inductor may keep in registers (capturing it would make it store the value: rounded in "
+               "bf16/fp16, and the kernels around it fused differently)")
+
+
+def _exact_store(val: torch.Tensor) -> bool:
+    """Whether making Inductor store this value cannot change the numerics: a float32/float64 value
+    on the CPU (stored exactly; the C++ kernels of the CPU backend were bitwise the same with every
+    such value captured, on HF Llama, BERT and a CNN). Not bf16/fp16 (the store rounds), and not on
+    GPUs, where Triton contracts a multiply-add the store would split."""
+    return val.dtype in (torch.float32, torch.float64) and val.device.type == "cpu"
 
 
 def _stored_anyway(graph: torch.fx.Graph) -> set[torch.fx.Node]:
@@ -158,6 +165,15 @@ def _add(graph: torch.fx.Graph, mode: Any, target: Any, *args: Any) -> torch.fx.
 
 
 def _stats_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    """One opaque :mod:`.stats_op` node (see there why not the reductions as graph nodes)."""
+    from .stats_op import value_stats_op
+
+    return _add(graph, mode, value_stats_op(), v)
+
+
+def _stats_as_graph_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    """The statistics as ordinary graph nodes (fused by Inductor into the producing kernels, which
+    can change their tiling: not used, kept for measurements)."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     f = v if dtype == acc else _add(graph, mode, prims.convert_element_type.default, v, acc)
     mx = _add(graph, mode, aten.amax.default, f, [])
@@ -180,10 +196,12 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
     """Instrument ``gm`` in place. ``fwd_modules`` maps a forward node's ``seq_nr`` to its module
     (filled in the forward phase, read in the backward phase, whose nodes carry no module stack).
     With ``values`` (md5/tensor modes) the extra outputs are the captured values themselves
-    instead of their statistics vectors. ``fuses``: the inner compiler fuses (Inductor), which
-    computes a bf16/fp16 chain of pointwise ops in float32 and rounds only what it stores; reading
-    an intermediate would make it store (round) that value for its other readers too, so only
-    low-precision values it stores anyway are captured (the rest is listed as not captured)."""
+    instead of their statistics vectors. ``fuses``: the inner compiler fuses (Inductor). It keeps
+    a chain of pointwise ops in registers (a bf16/fp16 chain in float32) and stores only some
+    values; reading another would make it store that value (rounded, in bf16/fp16) for its other
+    readers too and fuse the kernels around it differently. So only values it stores anyway
+    (graph outputs, the inputs and outputs of extern kernels) are captured, plus every float32 /
+    float64 value on the CPU (:func:`_exact_store`); the rest is listed as not captured."""
     graph = gm.graph
     mode = _fake_mode(gm, example_inputs)
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
@@ -212,7 +230,7 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
             continue
         if _is_view(target):
             continue
-        if stored is not None and val.dtype in _LOW_PRECISION and node not in stored:
+        if stored is not None and node not in stored and not _exact_store(val):
             skip(_FUSED_AWAY)
             continue
         numel = val.numel()
