@@ -144,11 +144,21 @@ class AtenCaptureMode(OpConsumer):
         # the stream's phase, except that only the session's tracker (the dump's modules) knows
         # a recompute from a backward
         phase = call.phase
-        if phase == "backward" or phase == "recompute":
-            phase = s.phase()
-        module, module_class, fwd, tag = s.module_info()
+        if phase == "forward":  # s.module_info(), inlined: the stream saw no backward running
+            frames = getattr(s.tracker._local, "stack", None)  # ModuleTracker.current()
+            if frames:
+                frame = frames[-1]
+                module, module_class, fwd, tag = frame.path, frame.cls, None, None
+            else:
+                module, module_class, fwd, tag = "", None, None, None
+        else:
+            if phase == "backward" or phase == "recompute":
+                phase = s.phase()
+            module, module_class, fwd, tag = s.module_info()
         base, op = info.base, info.op
-        if not s.passes_filters(base, op, phase, module):  # s.wants(): the step is enabled (above)
+        o = s.options
+        if (o.phases is not None or s._scope is not None or s._ops is not None or s._exclude is not None) \
+                and not s.passes_filters(base, op, phase, module):  # s.wants(): the step is enabled (above)
             return self._run(run, args, kwargs, info)
         extra = self._extra.get(id(info.func))
         if extra is None:
