@@ -189,3 +189,35 @@ def test_stack_ids_as_spelled_by_line(tmp_path: Any) -> None:
     t.reset()
     assert [user() for _ in range(2)] == [(0, 0, 1)] * 2
     assert len(seen) == 4 and [(i, f[0]) for i, f in seen[2:]] == [(i, f[0]) for i, f in seen[:2]]
+
+
+def test_aten_mode_python_calls_per_record_with_statistics(tmp_path: Any) -> None:
+    """The whole aten-level path of one recorded kernel call, statistics included: the op
+    stream's dispatch, the consumer, naming, describing and measuring (host statistics), the
+    commit. Python function calls counted with sys.setprofile (deterministic; torch's own calls
+    on the way to ``__torch_dispatch__`` are counted too, 8 per op on torch 2.13). Session 8
+    (bench/results/session8/launch.md): 41 per record before, 21.5 after (flat_args without a
+    generator per list argument, the statistics-mode measurement inlined in ``describe``, the
+    common phase / busy / module / filter / uninitialised / note_outputs / commit steps inlined)."""
+    from torchparity.capture.aten_mode import AtenCaptureMode
+
+    s = _session(tmp_path, "aten")
+    a, w = torch.randn(64, 32), torch.randn(32, 32)
+    calls: list[str] = []
+
+    def prof(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    with AtenCaptureMode(s):
+        for i in range(3):  # caches filled by the first calls
+            if i == 2:
+                sys.setprofile(prof)
+            try:
+                y = torch.mm(a, w)  # two inputs measured fresh (first step), one output
+                torch.relu(y)  # its input's statistics reused, one output measured
+            finally:
+                sys.setprofile(None)
+    per_record = len(calls) / 2
+    assert s._pending and s._pending[-1].op == "aten.relu.default"
+    assert per_record <= 23, f"{per_record} Python calls per record: {calls}"

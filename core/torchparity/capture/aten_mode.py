@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
+from weakref import ref as _weakref
+
+from torch import Tensor
 
 from . import ops as opinfo
 from .collectives import ASYNC_RESULTS, SYNC_COLLECTIVES, collective_flags
@@ -135,17 +138,27 @@ class AtenCaptureMode(OpConsumer):
     def on_op(self, call: OpCall, args: tuple, kwargs: dict, run: Callable[..., Any]) -> Any:
         s = self.session
         info = call.info
-        if s.busy or not info.counted or not s.enabled_step or \
+        if s._busy or not info.counted or not s.enabled_step or \
                 (self.collectives_only and (not info.collective or s.api_collective_depth)):
             return self._run(run, args, kwargs, info)
         # the stream's phase, except that only the session's tracker (the dump's modules) knows
         # a recompute from a backward
         phase = call.phase
-        if phase == "backward" or phase == "recompute":
-            phase = s.phase()
-        module, module_class, fwd, tag = s.module_info()
+        if phase == "forward":  # s.module_info(), inlined: the stream saw no backward running
+            frames = getattr(s.tracker._local, "stack", None)  # ModuleTracker.current()
+            if frames:
+                frame = frames[-1]
+                module, module_class, fwd, tag = frame.path, frame.cls, None, None
+            else:
+                module, module_class, fwd, tag = "", None, None, None
+        else:
+            if phase == "backward" or phase == "recompute":
+                phase = s.phase()
+            module, module_class, fwd, tag = s.module_info()
         base, op = info.base, info.op
-        if not s.wants(base, op, phase, module):
+        o = s.options
+        if (o.phases is not None or s._scope is not None or s._ops is not None or s._exclude is not None) \
+                and not s.passes_filters(base, op, phase, module):  # s.wants(): the step is enabled (above)
             return self._run(run, args, kwargs, info)
         extra = self._extra.get(id(info.func))
         if extra is None:
@@ -187,7 +200,7 @@ class AtenCaptureMode(OpConsumer):
             outs = flat_outputs(out)
             if extra.factory:
                 s.uninit.mark(v for _, v in outs)
-            elif s.uninit and not view:
+            elif s.uninit._ptrs and not view:  # (UninitStorages.__bool__, inlined)
                 s.uninit.written(v for _, v in outs)
             rec.tensors += s.describe(outs, "output", rec.id, link=False, no_values=extra.out_no_values,
                                       unmeasured=unmeasured)
@@ -195,11 +208,22 @@ class AtenCaptureMode(OpConsumer):
                 rec.flags["unmeasured"] = unmeasured
             if phase == "optimizer" and self._param_names is not None:
                 rec.flags.update(self._param_names.flags(args, kwargs, out))
-            s.note_outputs(rec.id, outs)
+            if len(outs) == 1 and outs[0][1].__class__ is Tensor:  # s.note_outputs(), inlined
+                v = outs[0][1]
+                memo = s._producers
+                if len(memo._d) < memo._limit:
+                    memo._d[id(v)] = (_weakref(v), (rec.id, 0, v._version))
+                else:  # the memo sweeps its dead entries
+                    memo[v] = (rec.id, 0, v._version)
+            else:
+                s.note_outputs(rec.id, outs)
             if writes:
                 s.expect_version_bump(written if not any(w[2] for w in writes)
                                       else written_tensors(args, kwargs, writes, lists=False))
-            s.commit(rec)
+            pending = s._pending  # s.commit(rec), inlined
+            pending.append(rec)
+            if len(pending) >= s.options.batch_size or s._pending_bytes > (64 << 20):
+                s.flush()
         finally:
             s._busy = False
             ts.busy -= 1

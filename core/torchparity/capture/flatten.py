@@ -12,20 +12,41 @@ _POS = tuple(str(i) for i in range(256))
 
 
 def flat_args(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    """(arg path, value) pairs for positional and keyword arguments, nested ones flattened."""
+    """(arg path, value) pairs for positional and keyword arguments, nested ones flattened.
+
+    The hot path of every captured op: a plain tensor or scalar argument is told apart by its
+    class (no ``isinstance`` on a tuple of types, no generator per list argument)."""
     out: list[tuple[str, Any]] = []
     append = out.append
-    for i, a in enumerate(args):
-        if isinstance(a, (list, tuple)) and a and any(isinstance(x, Tensor) for x in a):
+    i = 0
+    for a in args:
+        c = a.__class__
+        if c is Tensor or c in _PLAIN:
+            append((_POS[i] if i < 256 else str(i), a))
+        elif isinstance(a, (list, tuple)) and a and _has_tensor(a):
             out.extend((f"{i}.{j}", x) for j, x in enumerate(a))
         else:
             append((_POS[i] if i < 256 else str(i), a))
-    for k, v in kwargs.items():
-        if isinstance(v, (list, tuple)) and v and any(isinstance(x, Tensor) for x in v):
-            out.extend((f"{k}.{j}", x) for j, x in enumerate(v))
-        else:
-            append((k, v))
+        i += 1
+    if kwargs:
+        for k, v in kwargs.items():
+            if isinstance(v, (list, tuple)) and v and _has_tensor(v):
+                out.extend((f"{k}.{j}", x) for j, x in enumerate(v))
+            else:
+                append((k, v))
     return out
+
+
+#: argument classes that are never a list of tensors (checked by identity, subclasses excluded)
+_PLAIN = frozenset({int, float, bool, str, type(None)})
+
+
+def _has_tensor(seq: Any) -> bool:
+    """Does the list or tuple hold a tensor? (a loop: cheaper than ``any`` over a generator)"""
+    for x in seq:
+        if isinstance(x, Tensor):
+            return True
+    return False
 
 
 def flat_outputs(out: Any) -> list[tuple[str, Any]]:

@@ -45,8 +45,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import gc_quiet
 from .compiled import CompiledCallGuard, refuse_compiled
 from . import ops as opinfo
-from .module_tracker import Frame, ModuleTracker, in_backward, tag_graph
-from .tool_state import tool_is_busy
+from .module_tracker import Frame, ModuleTracker, _graph_task_id, in_backward, tag_graph
+from .tool_state import _tool_state, tool_is_busy  # noqa: F401 (tool_is_busy re-exported)
 
 #: the key under which the stream tags autograd nodes with the module that created them
 STREAM_KEY = "torchparity.stream"
@@ -409,14 +409,18 @@ class OpStream:
 
     def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         chain = self._chain
-        if not chain or tool_is_busy():
+        if not chain or getattr(_tool_state, "busy", 0) > 0:  # tool_is_busy(), inlined
             return func(*args, **kwargs)
         self.intercepted += 1
         info = self._infos.get(id(func))
         if info is None:
             info = self.info(func)
         if info.counted:
-            phase = self.phase()
+            # self.phase(), its common case inlined: outside the optimizer and any backward
+            if not self.in_optimizer and _graph_task_id is not None and _graph_task_id() == -1:
+                phase = "forward"
+            else:
+                phase = self.phase()
             key = (info.prefix, info.base, phase)
             n = self._counters.get(key, 0)
             self._counters[key] = n + 1

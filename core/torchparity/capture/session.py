@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from typing import Any, Collection, Iterable
+from weakref import ref as _weakref
 
 import torch
 from torch import Tensor
@@ -304,9 +305,12 @@ class CaptureSession(MeasurementReuse):
         entries: list[TensorEntry] = []
         want_io = o.io is None or (io in o.io) or (io in ("param", "grad") and "input" in o.io)
         why_of = no_values.get if isinstance(no_values, dict) else None
-        uninit = self.uninit if self.uninit else None  # describing marks nothing: asked once
-        producers = self._producers if link else None
+        uninit = self.uninit if self.uninit._ptrs else None  # describing marks nothing: asked once
+        producers = self._producers._d if link else None  # TensorMemo.get(), inlined below
         append = entries.append
+        # the common case, measured here without a call per value (_measure's statistics-mode,
+        # host-statistics path with reuse: see _measure_stats)
+        fast = want_io and self.reuse_stats and self._host_stats and o.mode == "statistics"
         for arg, v in values:
             if isinstance(v, Tensor):
                 try:
@@ -320,9 +324,11 @@ class CaptureSession(MeasurementReuse):
                     io, arg, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype), v.shape, stride, \
                     _DEVICE_NAMES.get(device) or _device_name(device), v.requires_grad
                 if producers is not None:
-                    prod = producers.get(v)
-                    if prod is not None and prod[2] == v._version:
-                        e.producer = [prod[0], prod[1]]
+                    prod = producers.get(id(v))
+                    if prod is not None and prod[0]() is v:
+                        prod = prod[1]
+                        if prod[2] == v._version:
+                            e.producer = [prod[0], prod[1]]
                 if no_values and arg in no_values:
                     why: str | None = why_of(arg, "not a value") if why_of is not None else "not a value"
                 elif uninit is not None and uninit.holds(v):
@@ -332,6 +338,8 @@ class CaptureSession(MeasurementReuse):
                 if why is not None:
                     if unmeasured is not None:
                         unmeasured[f"{io}.{arg}"] = why
+                elif fast and (v.__class__ is Tensor or v.__class__ is Parameter):
+                    self._measure_stats(v, e)
                 elif want_io:
                     self._measure(v, e)
                 append(e)
@@ -376,7 +384,7 @@ class CaptureSession(MeasurementReuse):
                 except RuntimeError:  # inference tensors have no version counter
                     pass
         if hit is None:
-            st = host_stats(v) if self._host_stats and v.device.type == "cpu" else self._batcher.add(v)
+            st = host_stats(v) if self._host_stats and v.is_cpu else self._batcher.add(v)
             md5 = key = key_shape = None
         else:
             st, md5, key, key_shape = hit
@@ -405,6 +413,40 @@ class CaptureSession(MeasurementReuse):
             e.md5 = md5
         if key is not None and o.mode == "tensor":
             e.file, e.key = "pending", key
+
+    def _measure_stats(self, v: torch.Tensor, e: TensorEntry) -> None:
+        """:meth:`_measure` for the common case, the same result with less work per value:
+        statistics mode, host statistics, reuse on, a plain tensor (no DTensor). A remembered
+        measurement with a checksum (from a step of another mode) goes the general way."""
+        m = self._measured._d.get(id(v))  # _lookup(), inlined
+        hit = None
+        if m is not None and m[0]() is v:
+            m = m[1]
+            try:
+                if m[0] == v._version and self._write_gen.get(m[1], 0) == m[2]:
+                    hit = m[3]
+            except RuntimeError:  # inference tensors have no version counter
+                pass
+        if hit is not None:
+            if hit[1] is not None:  # a checksum to copy into the entry
+                self._measure(v, e)
+                return
+            st = hit[0]
+        else:
+            st = host_stats(v) if v.is_cpu else self._batcher.add(v)
+            try:  # _remember(), inlined
+                ptr = v.untyped_storage().data_ptr()
+                memo = self._measured
+                d = memo._d
+                if len(d) < memo._limit:
+                    d[id(v)] = (_weakref(v), (v._version, ptr, self._write_gen.get(ptr, 0), (st, None, None, None)))
+                else:  # the memo sweeps its dead entries
+                    memo[v] = (v._version, ptr, self._write_gen.get(ptr, 0), (st, None, None, None))
+            except (RuntimeError, NotImplementedError, TypeError):  # no storage/version (inference, subclasses)
+                pass
+        if st is not None:  # the writer thread makes the record's dict (StatRows)
+            self._pending_stats.append(st)
+            self._pending_slots.append(e)
 
     def _async_copies(self, v: torch.Tensor) -> bool:
         """Values off the CPU go to the host by asynchronous copies; CPU values only with

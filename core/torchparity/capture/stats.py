@@ -107,9 +107,11 @@ def host_stats(t: torch.Tensor) -> list[float] | None:
     if not dt.is_floating_point:
         st = stats_tensor(t)
         return None if st is None else st.tolist()
-    mn, mx = _aminmax(t)
+    try:  # _aminmax(), inlined
+        mn, mx = torch.aminmax(t)
+    except RuntimeError:  # e.g. torch < 2.2 has no CPU aminmax for float16
+        mn, mx = torch.aminmax(t.float())
     hi, lo = mx.item(), mn.item()
-    n = t.numel()
     if dt == torch.float32 or dt == torch.float64:
         total = t.sum().item()
         if t.is_contiguous():

@@ -44,6 +44,7 @@ from ..records import FORMAT_NAME, FORMAT_VERSION, OpRecord, TensorEntry
 from ..capture.batch import Batch  # noqa: F401 (re-exported: the record batch lives with capture)
 from ..capture.host_copies import host_tensor, release_copies
 from . import columnar as _columnar
+from .record_json import encode_lines, stats_dict
 from .summary_live import LiveSummary, SummarySink
 
 log = logging.getLogger("torchparity")
@@ -268,12 +269,12 @@ class DumpWriter:
 
     def _write_batch(self, b: Batch) -> None:
         rf = self._rank_files(b.step, b.rank)
+        ready: set[int] = set()  # ids of the statistics dicts that encode as they are (record_json)
         if b.stats is not None and b.stat_slots:
             # a StatRows waits here (the writer thread) for its flush's device-to-host copy
             values = b.stats.tolist() if not isinstance(b.stats, torch.Tensor) else b.stats.cpu().tolist()
-            for entry, row in zip(b.stat_slots, values):  # stats_to_dict(), inlined
-                entry.stats = None if row is None else {"max": row[0], "min": row[1], "mean": row[2],
-                                                        "norm": row[3], "nan": int(row[4]), "inf": int(row[5])}
+            for entry, row in zip(b.stat_slots, values):  # stats_to_dict(); finite ones written as they are
+                entry.stats = None if row is None else stats_dict(row, ready)
         for entry, copy in b.checksums:  # md5 mode: wait for each asynchronous host copy, hash it
             entry.md5 = copy.checksum()
         if b.tensors:
@@ -282,7 +283,7 @@ class DumpWriter:
             e.file = rf.saved_tensors.get(e.key) if e.key is not None else None
             if e.file is None:
                 e.key = None
-        data = "".join(_record_line(r.to_json()) for r in b.records).encode()
+        data = encode_lines(b.records, ready)  # "".join(_record_line(r.to_json()) ...), less work
         try:
             _append(rf.records, data)
         except OSError as exc:
