@@ -334,6 +334,8 @@ BAD_VALUES = [
     ({"level": ""}, "level has a bad value ''"),
     ({"id": "x"}, "id is a string ('x'), not an integer"),
     ({"id": -4}, "id has a bad value -4"),
+    ({"id": True}, "id is a boolean (True), not an integer"),  # True == 1: hid behind id 1 (fuzz seed 745)
+    ({"call_index": True}, "call_index is a boolean (True)"),
     ({"call_index": "x"}, "call_index is a string"),
     ({"call_index": None}, "call_index is null"),
     ({"name": 3}, "name is an integer"),

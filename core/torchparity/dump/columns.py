@@ -184,7 +184,10 @@ def _column_problems(values: Sequence[Any], types: tuple[type, ...], ok: Callabl
             seen: set[Any] | None = set(values)
         except TypeError:  # a list or an object where a string or shape belongs
             seen = None
-        if seen is not None and all(type(v) in allowed and (ok is None or ok(v)) for v in seen):
+        # the types of every value, not of the distinct ones: ``True == 1`` and ``(True,) == (1,)``,
+        # so a set keeps whichever came first and a boolean id hid behind an integer one
+        if seen is not None and all(type(v) in allowed and (ok is None or ok(v)) for v in seen) \
+                and set(map(type, values)) <= allowed:
             return
     elif set(map(type, values)) <= allowed:
         return
