@@ -113,7 +113,7 @@ def test_inductor_bitwise_and_records(tmp_path):
     recs = _records(tmp_path / "d")
     assert {r["phase"] for r in recs} == {"forward", "backward"}
     assert ("fc1", "aten.addmm.default") in {(r["module"], r["op"]) for r in recs}
-    assert {r["module"] for r in recs if r["phase"] == "backward"} >= {"fc1", "ln", "act", "fc2"}
+    assert {r["module"] for r in recs if r["phase"] == "backward"} >= {"fc1", "ln", "fc2"}
 
 
 def test_recompile_with_dynamic_shapes_writes_runtime_shapes(tmp_path):

@@ -65,8 +65,11 @@ def test_a_compiled_model_keeps_its_numerics_and_its_graphs_are_captured_with_th
     # the compiled graphs, forward and backward, with module names as in an eager dump
     for step in (0, 1, 2):
         c = comp[comp.step == step]
-        assert {"fc1", "ln", "act", "fc2"} <= set(c[c.phase == "forward"].module)
-        assert {"fc1", "ln", "act", "fc2"} <= set(c[c.phase == "backward"].module)
+        assert ({"fc1", "act", "fc2"} if backend == "inductor" else {"fc1", "ln", "act", "fc2"}) \
+            <= set(c[c.phase == "forward"].module)
+        # under Inductor, values it keeps in registers (ln forward, gelu backward) are not captured
+        assert ({"fc1", "ln", "fc2"} if backend == "inductor" else {"fc1", "ln", "act", "fc2"}) \
+            <= set(c[c.phase == "backward"].module)
     assert not df.module.fillna("").str.contains("_orig_mod").any()
     # the eager ops around the compiled call: the loss and the optimizer, in the same dump
     assert {"forward", "backward", "optimizer"} <= set(eager[eager.step == 0].phase)

@@ -370,7 +370,7 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     # an earlier step trained on both sides: parameters and optimizer state carry its updates
     carried = any(s < step for s in dr.steps) and any(s < step for s in br.steps)
     arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks,
-                                         carried_state=carried)
+                                         carried_state=carried, sources=not info.get("compiled"))
     rows["input_error"] = arrays["input_error"]
     rows["amplification"] = arrays["amplification"]
     mc = pairs["match"].value_counts().to_dict()

@@ -123,10 +123,15 @@ def producer_columns(prod: np.ndarray) -> tuple[Any, np.ndarray]:
 
 def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, rank: int = 0,
             stacks: dict[int, list[str]] | None = None,
-            carried_state: bool = False) -> tuple[dict[str, np.ndarray], list[Suspect]]:
+            carried_state: bool = False, sources: bool = True) -> tuple[dict[str, np.ndarray], list[Suspect]]:
     """Score the records of one (step, rank). ``rows`` are compare rows of that pair with
     columns ``d_record_id, order, io, kind, error, floor, producer, arg, match, device_name,
     bench_name, op, module, phase, level, d_stack, args_differ``.
+
+    ``sources=False`` (a compiled graph against eager ops): an input that enters already differing
+    blames neither an op only one side recorded (the compiled graph holds most eager ops' values
+    inside fused kernels, so "unmatched" says nothing) nor the model's inputs; a fault inside the
+    graph shows at the next captured value instead.
 
     With ``carried_state`` (both dumps hold an earlier step that was trained), tensors that enter
     without a producer (parameters, optimizer state) carry what the earlier steps' updates made of
@@ -312,7 +317,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
 
     # sources: a tensor without producer that differs while nothing before it differed as much
     src = ins[(ins["p_rid"] < 0) & ins["err"].notna()]
-    if len(src) and not carried_state:
+    if len(src) and not carried_state and sources:
         pos = pd.Series(np.arange(len(rec_ids)), index=rec_ids)
         o_sorted_idx = np.argsort(order, kind="stable")
         run_max = np.fmax.accumulate(np.nan_to_num(o_err[o_sorted_idx], nan=0.0, posinf=np.inf, neginf=-np.inf))

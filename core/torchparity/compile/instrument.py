@@ -116,14 +116,6 @@ _FUSED_AWAY = ("value Inductor may keep in registers (capturing it would make it
                "bf16/fp16, and the kernels around it fused differently)")
 
 
-def _exact_store(val: torch.Tensor) -> bool:
-    """Whether making Inductor store this value cannot change the numerics: a float32/float64 value
-    on the CPU (stored exactly; the C++ kernels of the CPU backend were bitwise the same with every
-    such value captured, on HF Llama, BERT and a CNN). Not bf16/fp16 (the store rounds), and not on
-    GPUs, where Triton contracts a multiply-add the store would split."""
-    return val.dtype in (torch.float32, torch.float64) and val.device.type == "cpu"
-
-
 def _stored_anyway(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """Nodes whose value Inductor stores whatever else reads it: graph outputs and the inputs and
     outputs of extern kernels (matmuls, convolutions, fused attention), through views to their base.
@@ -200,8 +192,10 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
     a chain of pointwise ops in registers (a bf16/fp16 chain in float32) and stores only some
     values; reading another would make it store that value (rounded, in bf16/fp16) for its other
     readers too and fuse the kernels around it differently. So only values it stores anyway
-    (graph outputs, the inputs and outputs of extern kernels) are captured, plus every float32 /
-    float64 value on the CPU (:func:`_exact_store`); the rest is listed as not captured."""
+    (graph outputs, the inputs and outputs of extern kernels) are captured; the rest is listed as
+    not captured. (Not even float32 values are safe to store: the C++ and Triton compilers contract
+    a multiply-add into one FMA when the product stays in a register; stored, it is rounded first.
+    An HF Llama's float32 gradients changed in the last bits when every value was captured.)"""
     graph = gm.graph
     mode = _fake_mode(gm, example_inputs)
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
@@ -230,7 +224,7 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
             continue
         if _is_view(target):
             continue
-        if stored is not None and node not in stored and not _exact_store(val):
+        if stored is not None and node not in stored:
             skip(_FUSED_AWAY)
             continue
         numel = val.numel()
