@@ -78,3 +78,15 @@ def test_with_fallback_random_masks_and_constants_are_no_divergence(tmp_path, ea
     assert s["n_error"] == 0 and not s["diverged"] and res.root_cause is None, res.rows[res.rows["verdict"] == "error"]
     paired = res.rows[res.rows["match"] != "unmatched"]
     assert {"a", "b"} <= set(paired["module"])  # both layers' ops were compared, not just skipped
+
+
+def test_a_captured_op_pairs_with_the_eager_op_at_its_position():
+    """Found on HF Llama: under Inductor only stored values are captured, so the 3rd captured add of
+    a module is not the 3rd eager add; same shapes everywhere, so only the position can tell."""
+    from torchparity.compare.compiled import align_group
+
+    eager_ids, eager_sig = [10, 11, 12, 13], ["[2, 8]"] * 4
+    comp_ids, comp_sig, comp_occ = [100, 101], ["[2, 8]"] * 2, {100: 1, 101: 3}  # adds 1 and 3 captured
+    assert align_group(eager_ids, eager_sig, {}, comp_ids, comp_sig, comp_occ) == [(11, 100), (13, 101)]
+    # a graph run of another length (CSE, an op only eager has): order alignment, never a crash
+    assert align_group([10, 11, 12], ["a", "b", "c"], {}, [100], ["c"], {100: 0}) == [(12, 100)]

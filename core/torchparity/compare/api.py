@@ -352,7 +352,9 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
                         + (f": {(dw if side == 'device' else bw)[-1]}" if (dw if side == "device" else bw) else ""))
     if compiled.is_compiled(dr.header(step, rank)) or compiled.is_compiled(br.header(step, rank)):
         # a torch.compile capture: by module, phase and source op; its records' inputs from their producers
-        pairs = compiled.match_compiled(d, b, mapping)
+        occ = [compiled.occurrences(read_unit(r.unit(step, rank), [], compact=False)) if compiled.is_compiled(r.header(step, rank))
+               else {} for r in (dr, br)]
+        pairs = compiled.match_compiled(d, b, mapping, occ[0], occ[1])
         d, b = compiled.add_inputs(d, b, pairs)
         info["compiled"] = True
     else:

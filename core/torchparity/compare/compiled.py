@@ -73,7 +73,65 @@ def _output_values(rows: Any) -> dict[int, str]:
                                                            sub["min"].tolist())}
 
 
-def match_compiled(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | None = None) -> Any:
+def occurrences(full_rows: Any) -> dict[int, int]:
+    """record id -> ``flags.occurrence`` of a compiled capture's records (the op's index among its
+    module's ops of that kind in the graph, the values not captured included), from a full frame."""
+    if full_rows is None or "flags" not in full_rows or not len(full_rows):
+        return {}
+    rec = full_rows.drop_duplicates("record_id")
+    out: dict[int, int] = {}
+    for rid, f in zip(rec["record_id"].tolist(), rec["flags"].tolist()):
+        if isinstance(f, str):
+            import json
+
+            try:
+                f = json.loads(f)
+            except ValueError:
+                continue
+        if isinstance(f, dict) and type(f.get("occurrence")) is int and f["occurrence"] >= 0:
+            out[int(rid)] = f["occurrence"]
+    return out
+
+
+def _with_gaps(ids: list[int], sigs: list[str], occ: Mapping[int, int]) -> tuple[list[str], list[int | None]]:
+    """The signatures of one (phase, module, op) group with a never-matching token for each value
+    the compiled graph did not capture (from the records' occurrences), so that the k-th captured
+    record lines up with the eager op at the same position. Occurrences restart with each graph run."""
+    tokens: list[str] = []
+    where: list[int | None] = []
+    nxt = 0
+    for rid, sig in zip(ids, sigs):
+        o = occ.get(rid)
+        if o is not None:
+            if o < nxt:  # the next run of the graph
+                nxt = 0
+            for g in range(o - nxt):
+                tokens.append(f"\x00gap{len(tokens)}")
+                where.append(None)
+            nxt = o + 1
+        tokens.append(sig)
+        where.append(rid)
+    return tokens, where
+
+
+def align_group(ids_d: list[int], sig_d: list[str], occ_d: Mapping[int, int],
+                ids_b: list[int], sig_b: list[str], occ_b: Mapping[int, int]) -> list[tuple[int, int]]:
+    """Pairs (device id, bench id) of one (phase, module, op) group. A compiled side's records sit at
+    their occurrence (the values not captured are gaps); when both sequences are then equally long
+    the graph ran this module's ops as eager did and position k pairs with position k (an order
+    alignment would pair a captured k-th ``add`` with the first eager ``add`` of the same shape);
+    otherwise an order-preserving alignment on the signatures."""
+    a, wa = _with_gaps(ids_d, sig_d, occ_d)
+    bb, wb = _with_gaps(ids_b, sig_b, occ_b)
+    if len(a) == len(bb) and (None in wa or None in wb):
+        idx = [(x, x) for x in range(len(a)) if a[x] == bb[x]]
+    else:
+        idx = matching._align(a, bb)
+    return [(wa[x], wb[y]) for x, y in idx if wa[x] is not None and wb[y] is not None]
+
+
+def match_compiled(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | None = None,
+                   occ_d: Mapping[int, int] | None = None, occ_b: Mapping[int, int] | None = None) -> Any:
     """Pair records of one (step, rank) where one side (or both) is a compiled capture. Returns
     the frame of :func:`matching.match_records`: ``dev_rid, bench_rid, match`` (``compiled`` for
     pairs made here, ``unmatched`` with -1 on the other side)."""
@@ -95,9 +153,8 @@ def match_compiled(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | 
         if not ids_b or key[2] in LAYOUT_COPIES:
             continue
         const = key[2] in CONSTANTS
-        a = [sd.get(i, "") + (vd.get(i, "?d") if const else "") for i in ids_d]
-        bb = [sb.get(i, "") + (vb.get(i, "?b") if const else "") for i in ids_b]
-        got += [(ids_d[x], ids_b[y]) for x, y in matching._align(a, bb)]
+        got += align_group(ids_d, [sd.get(i, "") + (vd.get(i, "?d") if const else "") for i in ids_d], occ_d or {},
+                           ids_b, [sb.get(i, "") + (vb.get(i, "?b") if const else "") for i in ids_b], occ_b or {})
     md = {x for x, _ in got}
     mb = {y for _, y in got}
     ud = np.array([r for r in d["record_id"].tolist() if r not in md], dtype=np.int64)

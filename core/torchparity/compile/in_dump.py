@@ -174,7 +174,7 @@ class CompiledInDump:
             short = rec.op.split(".")[1] if rec.op.startswith(("aten.", "prims.")) else rec.op.split(".")[0]
             if not s.wants(short, rec.op, rec.phase, rec.module):
                 continue
-            flags = {"compiled": True, "node": rec.node, "node_id": rec.node_id}
+            flags = {"compiled": True, "node": rec.node, "node_id": rec.node_id, **rec.extra}
             if rec.source:
                 flags["source"] = rec.source
             r = s.new_record(prefix="Aten", base=short, op=rec.op, level="aten", phase=rec.phase,

@@ -224,13 +224,6 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
             continue
         if _is_view(target):
             continue
-        if stored is not None and node not in stored:
-            skip(_FUSED_AWAY)
-            continue
-        numel = val.numel()
-        if isinstance(numel, int) and numel == 0:
-            skip("empty tensor")
-            continue
         op = str(target)
         seq_nr = meta_node.meta.get("seq_nr")
         if phase == "backward":
@@ -242,9 +235,18 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
             module, cls = module_of(meta_node.meta)
             if seq_nr is not None:
                 fwd_modules.setdefault(seq_nr, (module, cls))
+        # the occurrence of this op in (phase, module) counts the values not captured too, so that
+        # the compare can line the captured ones up with the eager ops (docs/compile.md)
         key = (phase, module, op)
         idx = counters.get(key, 0)
         counters[key] = idx + 1
+        if stored is not None and node not in stored:
+            skip(_FUSED_AWAY)
+            continue
+        numel = val.numel()
+        if isinstance(numel, int) and numel == 0:
+            skip("empty tensor")
+            continue
         with graph.inserting_before(out_node):
             extra.append(node if values else _stats_nodes(graph, mode, node, val.dtype))
         shp, st = [_dim(x) for x in val.shape], [_dim(x) for x in val.stride()]
@@ -255,7 +257,7 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
             node_id=stable_id(module, phase, op, idx), source=source_line(meta_node.meta),
             dtype=str(val.dtype).replace("torch.", ""), shape=[x if isinstance(x, int) else 0 for x in shp],
             stride=[x if isinstance(x, int) else 0 for x in st], device=str(val.device),
-            seq_nr=seq_nr, extra={"graph_nodes": group.size}))
+            seq_nr=seq_nr, extra={"graph_nodes": group.size, "occurrence": idx}))
     if res.symbolic:
         res.bindings = _bindings(gm)
     if extra:
