@@ -90,3 +90,7 @@ def test_a_captured_op_pairs_with_the_eager_op_at_its_position():
     assert align_group(eager_ids, eager_sig, {}, comp_ids, comp_sig, comp_occ) == [(11, 100), (13, 101)]
     # a graph run of another length (CSE, an op only eager has): order alignment, never a crash
     assert align_group([10, 11, 12], ["a", "b", "c"], {}, [100], ["c"], {100: 0}) == [(12, 100)]
+    # sequences of different lengths around values not captured: a repeated signature is left
+    # unpaired (not compared) rather than guessed
+    assert align_group([10, 11, 12, 13, 14], ["x", "s", "s", "s", "y"], {}, [100, 101, 102], ["x", "s", "y"],
+                       {100: 0, 101: 2, 102: 3}) == [(10, 100), (14, 102)]

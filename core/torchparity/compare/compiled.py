@@ -120,13 +120,22 @@ def align_group(ids_d: list[int], sig_d: list[str], occ_d: Mapping[int, int],
     their occurrence (the values not captured are gaps); when both sequences are then equally long
     the graph ran this module's ops as eager did and position k pairs with position k (an order
     alignment would pair a captured k-th ``add`` with the first eager ``add`` of the same shape);
-    otherwise an order-preserving alignment on the signatures."""
+    otherwise an order-preserving alignment on the signatures (around values not captured, only of
+    signatures that occur once on each side)."""
     a, wa = _with_gaps(ids_d, sig_d, occ_d)
     bb, wb = _with_gaps(ids_b, sig_b, occ_b)
     if len(a) == len(bb) and (None in wa or None in wb):
         idx = [(x, x) for x in range(len(a)) if a[x] == bb[x]]
     else:
         idx = matching._align(a, bb)
+        if None in wa or None in wb:
+            # sequences of different lengths (CSE, an op only eager has) around values not captured:
+            # a signature that repeats cannot say which eager op a captured value is; an unpaired
+            # value is "not compared", a wrongly paired one a false alarm (HF Llama's adds)
+            from collections import Counter
+
+            ca, cb = Counter(a), Counter(bb)
+            idx = [(x, y) for x, y in idx if ca[a[x]] == 1 and cb[bb[y]] == 1]
     return [(wa[x], wb[y]) for x, y in idx if wa[x] is not None and wb[y] is not None]
 
 
