@@ -116,6 +116,22 @@ _FUSED_AWAY = ("value Inductor may keep in registers (capturing it would make it
                "bf16/fp16, and the kernels around it fused differently)")
 
 
+_MM = frozenset({"mm", "bmm", "addmm", "baddbmm"})
+_ADD = frozenset({"add", "add_", "sub"})
+
+
+def _fusable_matmul(node: torch.fx.Node) -> bool:
+    """A matmul whose only reader is an add: Inductor's pattern matcher folds the pair into one
+    ``addmm`` (one rounding) when the matmul has that single user; a second reader (ours) blocks
+    it and the sum is rounded twice (HF BERT in bf16: the tied decoder/embedding weight's gradient
+    changed)."""
+    name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
+    if name not in _MM or len(node.users) != 1:
+        return False
+    (user,) = node.users
+    return getattr(getattr(user.target, "_overloadpacket", None), "__name__", "") in _ADD
+
+
 def _stored_anyway(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """Nodes whose value Inductor stores whatever else reads it: graph outputs and the inputs and
     outputs of extern kernels (matmuls, convolutions, fused attention), through views to their base.
@@ -242,6 +258,9 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
         counters[key] = idx + 1
         if stored is not None and node not in stored:
             skip(_FUSED_AWAY)
+            continue
+        if stored is not None and _fusable_matmul(node):
+            skip("matmul Inductor may fold into the add that reads it (a second reader would block it)")
             continue
         numel = val.numel()
         if isinstance(numel, int) and numel == 0:
