@@ -91,8 +91,8 @@ def main() -> int:
                 problems.append(f"{rel} differs")
     import torch
 
-    pa_params, po = torch.load(a + ".params.pt"), torch.load(off + ".params.pt")
-    pb_params = torch.load(b + ".params.pt")
+    pa_params, po = torch.load(a + ".params.pt", weights_only=True), torch.load(off + ".params.pt", weights_only=True)
+    pb_params = torch.load(b + ".params.pt", weights_only=True)
     for k in po:
         if not (torch.equal(po[k], pb_params[k]) and torch.equal(po[k], pa_params[k])):
             problems.append(f"parameter {k}: tool on != tool off")
