@@ -95,6 +95,30 @@ def test_compare_against_eager_aten_dump(tmp_path):
     assert summ["n_error"] == 0 and summ["n_warning"] == 0 and not summ["diverged"]
 
 
+def test_cpu_statistics_equal_the_eager_capture_bitwise(tmp_path):
+    """On the CPU the in-graph statistics op computes what the eager capture computes (host_stats,
+    in float64): a value equal in both runs has equal statistics, to the last bit."""
+    from torchparity.capture.stats import host_stats
+    from torchparity.compile.stats_op import value_stats_op
+
+    op = value_stats_op()
+    for x in (torch.randn(300, 7), torch.randn(64).bfloat16(), torch.tensor([1.0, float("nan"), float("inf")]),
+              torch.randn(5, 40).t()):
+        got = op(x)
+        assert got.dtype == torch.float64 and got.tolist() == pytest.approx(host_stats(x), nan_ok=True, abs=0, rel=0)
+    with torchparity.dump(tmp_path / "eager", level="aten"):
+        _train(None, steps=1)
+    _train(compile_backend(tmp_path / "comp", inner="eager"), steps=1)
+    def output0(r):
+        return next((t.get("stats") for t in r.get("tensors") or [] if t["io"] == "output"), None)
+
+    eager = {(r["module"], r["phase"], r["op"]): output0(r) for r in _records(tmp_path / "eager")}
+    comp = [r for r in _records(tmp_path / "comp") if r["phase"] == "forward"]
+    same = [r for r in comp if eager.get((r["module"], r["phase"], r["op"])) == output0(r)]
+    # every forward value of the compiled graph (fc1, ln, act, fc2, softmax) has the eager statistics
+    assert len(comp) >= 5 and len(same) == len(comp)
+
+
 def test_bad_mode_is_one_line_error(tmp_path):
     with pytest.raises(UsageError, match="mode='md5' is not supported"):
         compile_backend(tmp_path, mode="md5")

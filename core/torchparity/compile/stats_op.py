@@ -7,6 +7,11 @@ produce the value, and that changed how Inductor tiled those kernels: a reductio
 (an RMSNorm's weight gradient in a bf16 HF Llama) summed in another order and the user's gradients
 changed in the last bits. An extern kernel reads the value after it is written and changes nothing
 of the user's kernels.
+
+On the CPU the op computes what the eager capture computes (:func:`..capture.stats.host_stats`:
+three passes, NaN/Inf counted only when an extreme is not finite; reading a CPU scalar costs no
+sync) and returns it in float64, so a value equal in a compiled and an eager run has equal
+statistics. Elsewhere it is the device-side ``stats_tensor`` reductions: no host sync per value.
 """
 
 from __future__ import annotations
@@ -17,10 +22,17 @@ _LIB: torch.library.Library | None = None
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+    return torch.float64 if x.dtype == torch.float64 or x.device.type == "cpu" else torch.float32
 
 
 def _value_stats(x: torch.Tensor) -> torch.Tensor:
+    if x.device.type == "cpu":
+        from ..capture.stats import host_stats
+
+        vals = host_stats(x)
+        if vals is None:  # empty
+            return torch.full((6,), float("nan"), dtype=torch.float64)
+        return torch.tensor(vals, dtype=torch.float64)
     f = x.to(_acc(x))
     if f.numel() == 0:
         return torch.full((6,), float("nan"), dtype=f.dtype, device=f.device)
