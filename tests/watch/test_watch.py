@@ -273,3 +273,43 @@ def test_the_cheap_tier_is_invisible_to_a_dump_and_attaches_nothing_per_op(tmp_p
                     spy(b)
     assert _record_names(tmp_path / "dTrue") == _record_names(tmp_path / "dFalse") != []
     assert set(seen) == {1}  # the dump's capture only: the watch adds no consumer of the op stream
+
+
+def test_a_new_snapshot_is_written_into_the_last_ones_buffers_and_holds_the_live_state(tmp_path):
+    """Every ``every`` steps the snapshot is rewritten in place (no new host allocation), and it
+    equals the live training state at its step; the optimizer state is copied once, not twice."""
+    from torchparity.watch import snapshots
+
+    model = guarded()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    step = stepper(model, opt)
+    copies = []
+    real = snapshots._into_host
+    snapshots._into_host = lambda t, old: copies.append(t) or real(t, old)
+
+    def host_tensors(snap):
+        opt_state = [v for _, st in sorted(snap.optimizer["state"].items()) for _, v in sorted(st.items())
+                     if isinstance(v, torch.Tensor)]
+        return [v for _, v in sorted(snap.model.items())] + opt_state
+
+    def live_tensors():
+        opt_state = [v for _, st in sorted(opt.state_dict()["state"].items()) for _, v in sorted(st.items())
+                     if isinstance(v, torch.Tensor)]
+        return [v.detach().clone() for _, v in sorted(model.state_dict().items())] + [v.clone() for v in opt_state]
+
+    ptrs = []
+    try:
+        with torchparity.watch(model, opt, output_dir=tmp_path, every=2) as w:
+            for i, b in enumerate(batches(5)):
+                live = live_tensors()  # the state the snapshot due before this step must hold
+                w.run(step, b)
+                if i in (2, 4):
+                    got = host_tensors(w.history.snapshot)
+                    assert same_bits(got, live), i
+                    ptrs.append([t.data_ptr() for t in got])
+    finally:
+        snapshots._into_host = real
+    assert ptrs[0] == ptrs[1]  # the step-4 snapshot lives in the step-2 snapshot's buffers
+    n_state = sum(1 for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+    n_model = len(model.state_dict())
+    assert len(copies) == 3 * (n_model + n_state) - n_state  # snapshots at steps 0, 2, 4 (no optimizer state at 0)

@@ -24,6 +24,31 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return t.clone()
 
 
+def _into_host(t: torch.Tensor, old: Any) -> torch.Tensor:
+    """A host copy of ``t``, written into ``old`` (a host tensor of the previous snapshot) when it
+    has the same shape, stride and dtype: no new allocation (no page faults, no new pinned block)."""
+    if (isinstance(old, torch.Tensor) and old.device.type == "cpu" and old.dtype == t.dtype
+            and old.shape == t.shape and old.stride() == t.stride()):
+        old.copy_(t.detach(), non_blocking=t.device.type == "cuda" and old.is_pinned())
+        return old
+    return _to_host(t)
+
+
+def _tree_into(x: Any, old: Any) -> Any:
+    """:func:`_tree` with :func:`_into_host`, ``old`` being the same structure from the last snapshot."""
+    if isinstance(x, torch.Tensor):
+        return _into_host(x, old)
+    if isinstance(x, dict):
+        prev = old if isinstance(old, dict) else {}
+        items = ((k, _tree_into(v, prev.get(k))) for k, v in x.items())
+        return {k: v for k, v in items} if type(x) is dict else type(x)(items)
+    if isinstance(x, (list, tuple)):
+        prev = list(old) if isinstance(old, (list, tuple)) and len(old) == len(x) else [None] * len(x)
+        out = [_tree_into(v, o) for v, o in zip(x, prev)]
+        return type(x)(*out) if hasattr(x, "_fields") else type(x)(out)
+    return x
+
+
 def _tree(x: Any, fn: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return fn(x)
@@ -124,13 +149,19 @@ class State:
         return tree_bytes(self.model) + tree_bytes(self.optimizer)
 
 
-def capture_state(model: torch.nn.Module, optimizer: Any, scaler: Any) -> State:
+def capture_state(model: torch.nn.Module, optimizer: Any, scaler: Any, reuse: State | None = None) -> State:
     """Copy the training state to the host (without touching the user's tensors; the tool's own
-    work: a dump or tracker running alongside does not see it)."""
+    work: a dump or tracker running alongside does not see it). ``reuse``: a previous snapshot
+    that is no longer needed, whose host tensors are written over instead of allocating new ones."""
     with tool_work(), torch.no_grad():
-        m = {k: _to_host(v) for k, v in model.state_dict(keep_vars=True).items()}
-        o = _tree(optimizer.state_dict(), _to_host)
-        o = copy.deepcopy({k: v for k, v in o.items()})
+        old_m = reuse.model if reuse is not None else {}
+        m = {k: _into_host(v, old_m.get(k)) for k, v in model.state_dict(keep_vars=True).items()}
+        o = _tree_into(optimizer.state_dict(), reuse.optimizer if reuse is not None else None)
+        # copy what is not a tensor (hyperparameters); the host tensors are already copies, and a
+        # second copy of them would also read pinned buffers whose asynchronous copy is in flight
+        keep: dict[int, Any] = {}
+        _tree(o, lambda t: keep.setdefault(id(t), t))
+        o = copy.deepcopy(o, keep)
     s = copy.deepcopy(scaler.state_dict()) if scaler is not None else None
     return State(m, o, s, rng_state())
 
@@ -167,8 +198,8 @@ class History:
     def begin_step(self, step: int, batch: Any, model: torch.nn.Module, optimizer: Any, scaler: Any) -> StepRecord:
         """Before ``step`` runs: snapshot when due, keep its batch and RNG states."""
         if self.snapshot is None or step - self.snapshot_step >= self.every:
-            self.snapshot, self.steps = None, []
-            self.snapshot = capture_state(model, optimizer, scaler)
+            old, self.snapshot, self.steps = self.snapshot, None, []
+            self.snapshot = capture_state(model, optimizer, scaler, reuse=old)
             self.snapshot_step = step
         with tool_work():
             rec = StepRecord(step, _tree(batch, _to_host), _devices(batch), rng_state())
