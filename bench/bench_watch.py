@@ -39,8 +39,8 @@ class WatchRun:
 
     def __enter__(self) -> "WatchRun":
         self.w.start()
-        b, step = self.bench, Bench.step
-        batch = (b.inputs, b.targets)
+        b, step = self.bench, type(self.bench).step
+        batch = (b.inputs, b.targets) if hasattr(b, "inputs") else (b.ids,)
         b.step = lambda: self.w.run(lambda _batch: step(b), batch)  # type: ignore[method-assign]
         return self
 
@@ -92,10 +92,12 @@ def components(bench: Bench, every: int, n: int = 20) -> dict[str, float]:
     from torchparity.watch.triggers import grad_norm
 
     bench.step()
-    logits = bench.model(bench.inputs)
+    if hasattr(bench, "inputs"):
+        logits, batch = bench.model(bench.inputs), (bench.inputs, bench.targets)
+    else:  # the HF Llama
+        logits, batch = bench.model(input_ids=bench.ids).logits, (bench.ids,)
     logits.float().mean().backward()  # gradients to take the norm of
     params = list(bench.model.parameters())
-    batch = (bench.inputs, bench.targets)
 
     def med(f: Any) -> float:
         ts = []
@@ -123,11 +125,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=10, help="snapshot every N steps (the watch's every=)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     ap.add_argument("--quick", action="store_true", help="tiny model, for a smoke test")
-    ap.add_argument("--out", default=str(HERE / "results" / "watch.md"))
+    ap.add_argument("--model", choices=["bench", "llama100m"], default="bench",
+                    help="bench: the bench model (default); llama100m: a ~100M-parameter HF Llama "
+                         "(bench_stream.LlamaBench, needs transformers; no trigger-to-report part)")
+    ap.add_argument("--out", default=None, help="default: bench/results/watch.md (watch_llama100m.md)")
     a = ap.parse_args(argv)
+    if a.out is None:
+        a.out = str(HERE / "results" / ("watch.md" if a.model == "bench" else f"watch_{a.model}.md"))
     if a.threads:
         torch.set_num_threads(a.threads)
-    bench = Bench(a.device, quick=a.quick)
+    if a.model == "llama100m":
+        from bench_stream import LlamaBench
+
+        bench: Any = LlamaBench(a.device, hidden=384 if a.quick else 768, layers=2 if a.quick else 8)
+    else:
+        bench = Bench(a.device, quick=a.quick)
     root = tempfile.mkdtemp(prefix="tp-bench-watch-")
     runs: list[WatchRun] = []
 
@@ -139,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         res = time_configs(bench, {"tool off": None, f"watch (every={a.every})": make}, rounds=a.rounds,
                            warmup=2, steps=a.steps)
         comp = components(bench, a.every)
-        trig = trigger_to_report(bench, root, a.every)
+        trig = trigger_to_report(bench, root, a.every) if a.model == "bench" else None
     finally:
         shutil.rmtree(root, ignore_errors=True)
     base = res["tool off"]
@@ -148,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["# Watchdog cost (torchparity.watch)", "",
              f"Command: `python bench/bench_watch.py {cmd}`".rstrip(), "",
              f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-             f"- Model: {model_line(bench)}", *[f"- {k}: {v}" for k, v in machine().items()],
+             f"- Model: {bench.line() if hasattr(bench, 'line') else model_line(bench)}", *[f"- {k}: {v}" for k, v in machine().items()],
              f"- Protocol: {a.rounds} interleaved rounds x (2 warm-up + {a.steps} timed steps); median per-step "
              f"time; ratio = median / tool-off median in the same process. A fresh watch per round: its "
              f"snapshots fall on steps 0, {a.every}, ... (one per {a.every} steps in the timed ones).", "",
@@ -166,15 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"(The host read line includes a second grad norm. Per step, against the tool-off median "
                   f"{base.median * 1000:.1f} ms: {comp['per step (snapshot / every)'] / base.median * 100:.1f} %.)"]
     peak = max((r.peak for r in runs), default=0)
-    lines += ["", "## Host memory", "",
-              f"- parameters: {params / 2**20:.1f} MiB; snapshot (parameters, buffers, AdamW state): "
-              f"{trig['snapshot'] / 2**20:.1f} MiB; most held at once (snapshot + kept batches): {peak / 2**20:.1f} MiB",
-              "", "## Trigger to report", "",
-              f"- a NaN planted in step {a.every - 1}'s batch (the loss times NaN; reproducible), the last step before "
-              f"the next snapshot: {trig['replayed']} steps replayed, the bad one re-run under the aten dump + NaN tracker",
-              f"- the triggering step took {trig['total']:.2f} s in all ({trig['confirm']:.2f} s from the trigger to "
-              f"the report); verdict {trig['verdict']}, root cause {trig['root'].get('name')} "
-              f"({trig['root'].get('module') or 'outside any module'}); tool-off step {base.median:.3f} s"]
+    lines += ["", "## Host memory", "", f"- parameters: {params / 2**20:.1f} MiB; most held at once (snapshot + kept "
+                                          f"batches): {peak / 2**20:.1f} MiB"]
+    if trig is None:
+        lines += ["", "(No trigger-to-report part for this model: see bench/results/watch.md for the bench model.)"]
+    else:
+        lines += [f"- snapshot (parameters, buffers, AdamW state): {trig['snapshot'] / 2**20:.1f} MiB",
+                  "", "## Trigger to report", "",
+                  f"- a NaN planted in step {a.every - 1}'s batch (the loss times NaN; reproducible), the last step "
+                  f"before the next snapshot: {trig['replayed']} steps replayed, the bad one re-run under the aten "
+                  f"dump + NaN tracker",
+                  f"- the triggering step took {trig['total']:.2f} s in all ({trig['confirm']:.2f} s from the trigger "
+                  f"to the report); verdict {trig['verdict']}, root cause {trig['root'].get('name')} "
+                  f"({trig['root'].get('module') or 'outside any module'}); tool-off step {base.median:.3f} s"]
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

@@ -313,3 +313,63 @@ def test_a_new_snapshot_is_written_into_the_last_ones_buffers_and_holds_the_live
     n_state = sum(1 for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
     n_model = len(model.state_dict())
     assert len(copies) == 3 * (n_model + n_state) - n_state  # snapshots at steps 0, 2, 4 (no optimizer state at 0)
+
+
+def test_the_snapshot_copied_while_the_step_runs_is_the_state_before_the_step(tmp_path):
+    """Parameters and optimizer state are copied on a background thread while the forward and
+    backward run: slowed down here so that the whole forward and backward run before the copy.
+    The snapshot is still the state before the step (BatchNorm's running statistics, which the
+    forward writes, are copied before it starts; the optimizer step waits for the copy), and the
+    training is bitwise the same as without the watch."""
+    import threading
+    import time
+
+    from torchparity.watch import snapshots
+
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        return m, torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+    def step_of(m, opt):
+        def step(b):
+            loss = torch.nn.functional.mse_loss(m(b[0]), b[1])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+
+    data = batches(5)
+    m0, o0 = make()
+    for b in data:
+        step_of(m0, o0)(b)
+
+    real = snapshots._into_host
+    seen_threads = set()
+
+    def slow(t, old):
+        if threading.current_thread() is not threading.main_thread():
+            seen_threads.add(threading.current_thread().name)
+            time.sleep(0.01)  # the copy lags behind the step's forward and backward
+        return real(t, old)
+
+    m, opt = make()
+    snapshots._into_host = slow
+    try:
+        with torchparity.watch(m, opt, output_dir=tmp_path, every=2) as w:
+            for i, b in enumerate(data):
+                before = {k: v.detach().clone() for k, v in m.state_dict().items()}
+                before_opt = [v.clone() for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+                w.run(step_of(m, opt), b)
+                if i in (2, 4):
+                    snap = w.history.snapshot
+                    assert same_bits([snap.model[k] for k in before], list(before.values())), i
+                    got_opt = [v for st in snap.optimizer["state"].values() for v in st.values()
+                               if isinstance(v, torch.Tensor)]
+                    assert same_bits(got_opt, before_opt), i
+    finally:
+        snapshots._into_host = real
+    assert seen_threads == {"torchparity-watch-snapshot"}
+    assert same_bits(state(m, opt), state(m0, o0))
+    assert torch.equal(m[1].running_mean, m0[1].running_mean)

@@ -78,6 +78,7 @@ class Watch:
         if self._hook is None:
             return
         try:
+            self.history.settle()
             self._resolve()
         finally:
             self._hook.remove()
@@ -90,6 +91,10 @@ class Watch:
         if exc_type is None:
             self.stop()
         elif self._hook is not None:
+            try:  # the snapshot thread ends before the block does; the user's exception is the one raised
+                self.history.settle()
+            except Exception:  # noqa: BLE001
+                pass
             self._hook.remove()
             self._hook = None
 
@@ -107,6 +112,8 @@ class Watch:
         rec = self.history.begin_step(self.step, batch, self.model, self.optimizer, self.scaler)
         self._norm = None
         loss = step_fn(batch)
+        self.history.settle()  # a step without an optimizer step (or a skipped one) did not settle it
+        self.history.note_peak()
         vals = self._values(loss)
         self.step += 1
         if vals.device.type == "cuda":  # read at the next step, without waiting for the device now
@@ -162,6 +169,7 @@ class Watch:
             self._on_trigger(trig, rank, world)
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.history.settle()  # the snapshot's background copy ends before the update writes the state
         self._norm = grad_norm(self._params)
 
     # ---- a trigger ---------------------------------------------------------------------------

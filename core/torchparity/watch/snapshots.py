@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import random
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,31 +144,92 @@ class State:
     optimizer: dict[str, Any]
     scaler: dict[str, Any] | None
     rng: dict[str, Any] = field(default_factory=dict)
+    copied: Any = None  # a CUDA event after the device-to-host copies (None: nothing in flight)
 
     @property
     def nbytes(self) -> int:
         return tree_bytes(self.model) + tree_bytes(self.optimizer)
 
+    def ready(self) -> None:
+        """Wait until the host copies are written (before the CPU reads them)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+
+
+class SnapshotJob:
+    """A snapshot being taken. Buffers (BatchNorm's running statistics: the forward writes them),
+    the grad scaler and the RNG states are copied at once; the parameters and the optimizer state,
+    most of the bytes, on a background thread while the step's forward and backward run (they do
+    not write them). :meth:`result` waits for it: it must be called before the optimizer step
+    changes them (the watch calls it from an optimizer step pre-hook). ``background=False`` copies
+    everything before returning."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, scaler: Any, reuse: State | None = None,
+                 background: bool = True) -> None:
+        with tool_work(), torch.no_grad():
+            sd = model.state_dict(keep_vars=True)
+            param_ids = {id(p) for p in model.parameters()}
+            old_m = reuse.model if reuse is not None else {}
+            self._keys = list(sd)
+            self._buffers = {k: _into_host(v, old_m.get(k)) for k, v in sd.items() if id(v) not in param_ids}
+            params = {k: v for k, v in sd.items() if id(v) in param_ids}
+            opt_sd = optimizer.state_dict()  # a structure of references to the live state tensors
+        self._scaler = copy.deepcopy(scaler.state_dict()) if scaler is not None else None
+        self._rng = rng_state()
+        self._out: tuple[dict[str, torch.Tensor], dict[str, Any], Any] | None = None
+        self._error: BaseException | None = None
+        args = (params, old_m, opt_sd, reuse.optimizer if reuse is not None else None)
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._copy, args=args, name="torchparity-watch-snapshot", daemon=True)
+            self._thread.start()
+        else:
+            self._copy(*args)
+
+    def _copy(self, params: dict[str, torch.Tensor], old_m: dict[str, torch.Tensor], opt_sd: dict[str, Any],
+              old_o: Any) -> None:
+        try:
+            with tool_work(), torch.no_grad():
+                m = {k: _into_host(v, old_m.get(k)) for k, v in params.items()}
+                o = _tree_into(opt_sd, old_o)
+                # copy what is not a tensor (hyperparameters); the host tensors are already copies,
+                # and a second copy would read pinned buffers whose asynchronous copy is in flight
+                keep: dict[int, Any] = {}
+                _tree(o, lambda t: keep.setdefault(id(t), t))
+                o = copy.deepcopy(o, keep)
+                event = None
+                if any(t.is_cuda for t in params.values()) or any(isinstance(t, torch.Tensor) and t.is_cuda
+                                                                  for st in opt_sd.get("state", {}).values()
+                                                                  for t in st.values()):
+                    event = torch.cuda.Event()
+                    event.record()
+            self._out = (m, o, event)
+        except BaseException as exc:  # re-raised on the training thread by result()
+            self._error = exc
+
+    def result(self) -> State:
+        """The snapshot (waits for the background copy)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+        assert self._out is not None
+        m, o, event = self._out
+        model = {k: (m[k] if k in m else self._buffers[k]) for k in self._keys}
+        return State(model, o, self._scaler, self._rng, event)
+
 
 def capture_state(model: torch.nn.Module, optimizer: Any, scaler: Any, reuse: State | None = None) -> State:
-    """Copy the training state to the host (without touching the user's tensors; the tool's own
-    work: a dump or tracker running alongside does not see it). ``reuse``: a previous snapshot
+    """Copy the training state to the host now (without touching the user's tensors; the tool's
+    own work: a dump or tracker running alongside does not see it). ``reuse``: a previous snapshot
     that is no longer needed, whose host tensors are written over instead of allocating new ones."""
-    with tool_work(), torch.no_grad():
-        old_m = reuse.model if reuse is not None else {}
-        m = {k: _into_host(v, old_m.get(k)) for k, v in model.state_dict(keep_vars=True).items()}
-        o = _tree_into(optimizer.state_dict(), reuse.optimizer if reuse is not None else None)
-        # copy what is not a tensor (hyperparameters); the host tensors are already copies, and a
-        # second copy of them would also read pinned buffers whose asynchronous copy is in flight
-        keep: dict[int, Any] = {}
-        _tree(o, lambda t: keep.setdefault(id(t), t))
-        o = copy.deepcopy(o, keep)
-    s = copy.deepcopy(scaler.state_dict()) if scaler is not None else None
-    return State(m, o, s, rng_state())
+    return SnapshotJob(model, optimizer, scaler, reuse, background=False).result()
 
 
 def restore_state(st: State, model: torch.nn.Module, optimizer: Any, scaler: Any) -> None:
     """Write a captured state back into the user's model, optimizer and scaler (in place)."""
+    st.ready()
     with tool_work(), torch.no_grad():
         live = model.state_dict(keep_vars=True)
         for k, v in st.model.items():
@@ -190,25 +252,38 @@ class History:
         self.snapshot_step = -1
         self.steps: list[StepRecord] = []
         self.peak = 0  # the most host bytes held at once
+        self._job: SnapshotJob | None = None
 
     @property
     def nbytes(self) -> int:
         return (self.snapshot.nbytes if self.snapshot else 0) + sum(tree_bytes(s.batch) for s in self.steps)
 
     def begin_step(self, step: int, batch: Any, model: torch.nn.Module, optimizer: Any, scaler: Any) -> StepRecord:
-        """Before ``step`` runs: snapshot when due, keep its batch and RNG states."""
-        if self.snapshot is None or step - self.snapshot_step >= self.every:
+        """Before ``step`` runs: start a snapshot when one is due (finished by :meth:`settle`),
+        keep the step's batch and RNG states."""
+        if self.snapshot is None and self._job is None or step - self.snapshot_step >= self.every:
+            self.settle()
+            # checked before copying (the optimizer's state appears at its first step: at each snapshot)
+            need = (tree_bytes(model.state_dict()) + tree_bytes(optimizer.state_dict())
+                    + self.every * tree_bytes(batch))
+            if need > self.budget:
+                raise UsageError(f"watch: the snapshot and {self.every} kept batches need {need / 2**20:.1f} MiB on "
+                                 f"the host, over memory_budget={self.budget / 2**20:.1f} MiB; raise memory_budget or "
+                                 f"lower every")
             old, self.snapshot, self.steps = self.snapshot, None, []
-            self.snapshot = capture_state(model, optimizer, scaler, reuse=old)
+            self._job = SnapshotJob(model, optimizer, scaler, reuse=old)
             self.snapshot_step = step
         with tool_work():
             rec = StepRecord(step, _tree(batch, _to_host), _devices(batch), rng_state())
         self.steps.append(rec)
-        used = self.nbytes
-        self.peak = max(self.peak, used)
-        if step == self.snapshot_step:  # at each snapshot (optimizer state appears at its first step):
-            need = self.snapshot.nbytes + self.every * tree_bytes(rec.batch)
-            if need > self.budget:
-                raise UsageError(f"watch: the snapshot and {self.every} kept batches need {need / 2**20:.1f} MiB on the host, "
-                                 f"over memory_budget={self.budget / 2**20:.1f} MiB; raise memory_budget or lower every")
         return rec
+
+    def settle(self) -> None:
+        """Wait for the snapshot being taken, if any (before the optimizer step changes what it copies)."""
+        if self._job is None:
+            return
+        job, self._job = self._job, None
+        self.snapshot = job.result()
+
+    def note_peak(self) -> None:
+        self.peak = max(self.peak, self.nbytes)
