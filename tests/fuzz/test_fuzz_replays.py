@@ -227,3 +227,31 @@ def test_a_summary_without_its_digest_is_not_used(dumps: dict[str, Path], tmp_pa
     warnings: list[str] = []
     frame = read_unit(u, warnings, compact=True)
     assert warnings == [] and not any(str(n).endswith("X") for n in frame["name"].tolist())
+
+
+@pytest.mark.parametrize("flip", [("data_name", "data_naMe"), ("data_name", "daxa_name"), ("data_name", "dataname"),
+                                  ("requires_grad", "requires_grads")])
+def test_seed_20135_msprobe_key_one_edit_from_a_missing_key_is_damage(ms: Path, tmp_path: Path,
+                                                                      flip: tuple[str, str]) -> None:
+    """A flipped byte turned ``data_name`` into ``data_naMe`` (0x6d ^ 32): the tensor entry lost its
+    file unseen and the compare said 'agree' on statistics alone (10,000-case run, seed 20135)."""
+    old, new = flip
+    bad = tmp_path / "ms"
+    shutil.copytree(ms, bad)
+    f = bad / RANK / "dump.json"
+    raw = f.read_text()
+    assert f'"{old}"' in raw
+    f.write_text(raw.replace(f'"{old}"', f'"{new}"', 1))
+    lost = _reader_damage(bad)
+    assert lost and "dump.json" in lost[0] and f"'{new}'" in lost[0] and f"'{old}' belongs" in lost[0]
+    assert _not_agree(bad, ms) == "refused"
+
+
+def test_msprobe_keys_of_a_newer_version_are_not_damage(ms: Path, tmp_path: Path) -> None:
+    """A key with a name of its own (as a newer msprobe might add) is read past, not refused."""
+    good = tmp_path / "ms"
+    shutil.copytree(ms, good)
+    f = good / RANK / "dump.json"
+    f.write_text(f.read_text().replace('"requires_grad"', '"tensor_stat_index": 3, "requires_grad"'))
+    assert _reader_damage(good) == []
+    assert torchparity.compare(good, ms).summary["n_error"] == 0

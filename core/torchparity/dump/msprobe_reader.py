@@ -224,6 +224,36 @@ def _safe_name(v: Any) -> bool:
     return type(v) is str and bool(v) and "/" not in v and "\\" not in v and "\x00" not in v and v not in (".", "..")
 
 
+#: the keys msprobe writes in a tensor description
+_TENSOR_KEYS = ("type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad", "md5", "data_name")
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """``a`` is ``b`` with its letter case changed, or with one character replaced, added or removed."""
+    if a.lower() == b.lower():
+        return True
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) == 1
+    if abs(len(a) - len(b)) != 1:
+        return False
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    i = next((k for k, (x, y) in enumerate(zip(short, long_)) if x != y), len(short))
+    return short[i:] == long_[i + 1:]
+
+
+def _damaged_key(t: dict[str, Any]) -> str | None:
+    """A key one edit away from a tensor-description key that the entry lacks (``data_naMe`` for
+    ``data_name``): a damaged key, whose value no reader would read. A key a newer msprobe adds has
+    a name of its own and is left alone."""
+    for k in t:
+        if k in _TENSOR_KEYS:
+            continue
+        near = next((known for known in _TENSOR_KEYS if known not in t and _one_edit(k, known)), None)
+        if near is not None:
+            return f"has a key {_shown(k)} where {near!r} belongs (a damaged key: its value would be lost)"
+    return None
+
+
 def leaf_problem(t: Any) -> str | None:
     """What is wrong with one leaf of an entry (None when it is valid). A leaf is ``null`` (an
     argument that was None), a tensor description (``dtype``, ``shape``, ``Max``/``Min``/``Mean``/
@@ -258,7 +288,7 @@ def leaf_problem(t: Any) -> str | None:
         return f"'md5' is {_what(t['md5'])}, not a checksum"
     if t.get("data_name") is not None and not _safe_name(t["data_name"]):
         return f"'data_name' is {_shown(t['data_name'])}, not a file name in dump_tensor_data"
-    return None
+    return _damaged_key(t)
 
 
 def _parent_ok(parent: Any) -> bool:
