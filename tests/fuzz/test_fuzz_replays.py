@@ -255,3 +255,61 @@ def test_msprobe_keys_of_a_newer_version_are_not_damage(ms: Path, tmp_path: Path
     f.write_text(f.read_text().replace('"requires_grad"', '"tensor_stat_index": 3, "requires_grad"'))
     assert _reader_damage(good) == []
     assert torchparity.compare(good, ms).summary["n_error"] == 0
+
+
+def test_seed_40660_msprobe_null_data_name_is_damage(ms: Path, tmp_path: Path) -> None:
+    """``"data_name": null`` on a tensor that had a file (msprobe writes a name or leaves the key
+    out): the compare judged the entry on statistics alone and said 'agree'."""
+    bad = tmp_path / "ms"
+    shutil.copytree(ms, bad)
+    f = bad / RANK / "dump.json"
+    obj = json.loads(f.read_text())
+    leaf = obj["data"]["Functional.linear.0.forward"]["output"][0]
+    assert leaf.get("data_name")
+    leaf["data_name"] = None
+    f.write_text(json.dumps(obj, indent=1))
+    lost = _reader_damage(bad)
+    assert lost and "'data_name' is None" in lost[0]
+    assert _not_agree(bad, ms) == "refused"
+
+
+@pytest.mark.parametrize("mode", ["statistics", "tensor"])
+def test_seeds_40787_42308_negative_producer_is_damage(dumps: dict[str, Path], tmp_path: Path, mode: str) -> None:
+    """A producer link ``[-3, 0]`` (no record has a negative id) was read and compared as 'agree'."""
+    clean = dumps[mode]
+
+    def edit(rec: dict[str, Any]) -> None:
+        t = next(t for t in rec["tensors"] if t.get("producer"))
+        t["producer"][0] = -3
+
+    line = next(i for i, s in enumerate((clean / RANK / "records.jsonl").read_text().splitlines(), 1)
+                if any(t.get("producer") for t in json.loads(s).get("tensors") or []))
+    bad = _edit_record(clean, tmp_path / "bad", line, edit)
+    lost = _reader_damage(bad)
+    assert lost and "producer is [-3," in lost[0]
+    assert _not_agree(bad, clean) == "refused"
+
+
+@pytest.mark.parametrize("field,value", [("backend", -3), ("backend", "cpu"), ("level", 5), ("compile", [1]),
+                                         ("backend.numerics", 7), ("world", "x")])
+def test_seed_40016_header_field_of_the_wrong_type_is_a_warning_not_a_traceback(dumps: dict[str, Path], tmp_path: Path,
+                                                                                field: str, value: Any) -> None:
+    """``"backend": -3`` in header.json reached the compare's environment check as a TypeError."""
+    clean = dumps["statistics"]
+    bad = tmp_path / "bad"
+    shutil.copytree(clean, bad)
+    h = bad / RANK / "header.json"
+    obj = json.loads(h.read_text())
+    if "." in field:
+        a, b = field.split(".")
+        obj[a][b] = value
+    else:
+        obj[field] = value
+    h.write_text(json.dumps(obj))
+    res = torchparity.compare(bad, clean)
+    assert not res.diverged and any("header.json" in w and f"'{field}'" in w for w in res.summary["warnings"])
+    from torchparity.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as ei:
+        cli_main(["info", str(bad)])
+    assert ei.value.code == 0

@@ -366,9 +366,11 @@ class RecordColumns:
         types = set(map(type, prod))
         given = [p for p in prod if p is not None] if types - {_NONE} else []
         if given and not (types <= {list, _NONE} and set(map(len, given)) <= {0, 2}
-                          and set(map(type, chain.from_iterable(given))) <= {int}):
+                          and set(map(type, chain.from_iterable(given))) <= {int}
+                          and min(chain.from_iterable(given), default=0) >= 0):
             for i, p in enumerate(prod):
-                if p is not None and not (type(p) is list and len(p) in (0, 2) and all(type(x) is int for x in p)):
+                if p is not None and not (type(p) is list and len(p) in (0, 2)
+                                          and all(type(x) is int and x >= 0 for x in p)):
                     yield i, f"producer is {_shown(p)}, not [record id, output index]"
         # statistics: numbers, or the strings NaN / Infinity / -Infinity
         types = set(map(type, chain.from_iterable(stats)))

@@ -286,7 +286,7 @@ def leaf_problem(t: Any) -> str | None:
         return f"'requires_grad' is {_what(t['requires_grad'])}, not true or false"
     if t.get("md5") is not None and type(t["md5"]) is not str:
         return f"'md5' is {_what(t['md5'])}, not a checksum"
-    if t.get("data_name") is not None and not _safe_name(t["data_name"]):
+    if "data_name" in t and not _safe_name(t["data_name"]):  # msprobe writes a name or leaves the key out
         return f"'data_name' is {_shown(t['data_name'])}, not a file name in dump_tensor_data"
     return _damaged_key(t)
 

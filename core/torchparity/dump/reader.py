@@ -25,6 +25,7 @@ from .columns import (  # noqa: F401 - re-exported: the reader's public names
 )
 from .footer import kind_of as _kind, one_line as _one_line, read_footer  # noqa: F401
 from .damage import Damage, damage  # noqa: F401 - re-exported
+from .header_check import checked_header
 from .tensors import PtRef, TensorLoader, TensorRef  # noqa: F401 - re-exported
 from .units import DumpUnit  # noqa: F401 - re-exported
 from .jsonl_scan import CHUNK_LINES, _iter_jsonl, _scan_records  # noqa: F401 - re-exported
@@ -92,7 +93,7 @@ class DumpReader:
                 self._headers[key] = read_msprobe_header(u.path)
             else:
                 hdr = _read_json_file(u.path / "header.json", [])
-                self._headers[key] = hdr if isinstance(hdr, dict) else {}
+                self._headers[key] = checked_header(hdr)[0] if isinstance(hdr, dict) else {}
         return self._headers[key]
 
     def footer(self, step: int, rank: int) -> dict[str, Any] | None:
@@ -335,6 +336,11 @@ def read_torchparity_unit(u: DumpUnit, warnings: list[str], compact: bool = Fals
         if header is not None and not isinstance(header, dict):
             warnings.append(f"{rel}/header.json holds {type(header).__name__}, not an object; ignored it "
                             f"(environment checks are skipped for this rank)")
+        elif isinstance(header, dict):
+            bad = checked_header(header)[1]
+            if bad:
+                warnings.append(f"{rel}/header.json: {', '.join(bad)} (wrong type); ignored those fields "
+                                f"(metadata only: the records are read as usual)")
     if not rec_path.is_file():
         warnings.append(Damage(f"{rel}: records.jsonl is missing: the rank wrote no records (dump stopped before the first flush?)"))
         return empty_frame()
