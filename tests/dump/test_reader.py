@@ -193,21 +193,21 @@ def _edge_case_dump(root, n_plain: int = 0):
     """A rank directory whose (valid) records exercise every corner of the flattening."""
     t = _T
     recs = [
-        {"id": 0, "name": "A.0", "op": "aten.mm.default", "level": "aten", "phase": "forward", "module": "m",
+        {"id": 0, "name": "Aten.mm.0.forward", "op": "aten.mm.default", "level": "aten", "phase": "forward", "module": "m",
          "call_index": 0, "fwd": None, "stack": 3, "tensors": [
              t, dict(t, io="output", arg="0", shape=[], producer=[], md5="ab", file="tensors/x.safetensors", key="k"),
              {"io": "input", "arg": "alpha", "kind": "scalar", "value": 0.5}]},
         # no module (-> ""), no call_index (-> 0), NaN/Infinity as strings, a tensor without statistics
-        {"id": 1, "name": "A.1", "op": "aten.add.Tensor", "level": "aten", "phase": "backward", "fwd": 0,
+        {"id": 1, "name": "Aten.add.0.backward", "op": "aten.add.Tensor", "level": "aten", "phase": "backward", "fwd": 0,
          "tensors": [dict(t, stats={"max": "Infinity", "min": "-Infinity", "mean": "NaN", "norm": 1.5,
                                     "nan": 2, "inf": 1}, producer=[0, 1], requires_grad=None),
                      {k: v for k, v in t.items() if k != "stats"}]},
-        {"id": 2, "name": "A.2", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": None,
+        {"id": 2, "name": "Aten.relu.0.forward", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": None,
          "tensors": []},
-        {"id": 3, "name": "A.3", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": "m",
+        {"id": 3, "name": "Aten.relu.1.forward", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": "m",
          "tensors": [{"io": "output", "arg": "0", "kind": "none"}]},
     ]
-    recs += [{"id": 4 + i, "name": f"B.{i}", "op": "aten.neg.default", "level": "aten", "phase": "forward",
+    recs += [{"id": 4 + i, "name": f"Aten.neg.{i}.forward", "op": "aten.neg.default", "level": "aten", "phase": "forward",
               "module": "m.n", "call_index": i, "fwd": None, "stack": None, "tensors": [dict(t, arg=str(i % 3))]}
              for i in range(n_plain)]
     return _write_rank(root, recs)
@@ -284,7 +284,7 @@ def test_bad_lines_in_several_chunks(tmp_path):
 # ---- values of the wrong type: reported as damage (file, line, what), the record never compared ----
 
 def _rec(i, **over):
-    r = {"id": i, "name": f"A.{i}", "op": "aten.neg.default", "level": "aten", "phase": "forward", "module": "m",
+    r = {"id": i, "name": f"Aten.neg.{i}.forward", "op": "aten.neg.default", "level": "aten", "phase": "forward", "module": "m",
          "call_index": i, "fwd": None, "stack": None, "tensors": [dict(_T), dict(_T, io="output")]}
     r.update(over)
     return r

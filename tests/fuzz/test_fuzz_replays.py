@@ -313,3 +313,38 @@ def test_seed_40016_header_field_of_the_wrong_type_is_a_warning_not_a_traceback(
     with pytest.raises(SystemExit) as ei:
         cli_main(["info", str(bad)])
     assert ei.value.code == 0
+
+
+@pytest.mark.parametrize("mode,name", [("statistics", "Aten.0.0.backward"), ("tensor", "Aten.t.1.bac}ward"),
+                                       ("statistics", "Aten.mm.0.forward")])
+def test_seeds_60848_61636_aten_name_that_does_not_spell_its_op_and_phase_is_damage(dumps: dict[str, Path],
+                                                                                     tmp_path: Path, mode: str,
+                                                                                     name: str) -> None:
+    """A flipped byte in a record's name left another plausible name (``Aten.t.0.backward`` ->
+    ``Aten.0.0.backward``, ``Aten.t.1.backward`` -> ``Aten.t.1.bac}ward``): the record was
+    compared under it and the compare said 'agree'. An aten record's name spells its op and phase."""
+    clean = dumps[mode]
+    lines = (clean / RANK / "records.jsonl").read_text().splitlines()
+    line = next(i for i, x in enumerate(lines, 1) if json.loads(x)["op"] == "aten.t.default"
+                and json.loads(x)["phase"] == "backward")
+    bad = _edit_record(clean, tmp_path / "bad", line, lambda r: r.update(name=name))
+    lost = _reader_damage(bad)
+    assert lost and "does not spell its op" in lost[0]
+    assert _not_agree(bad, clean) == "refused"
+
+
+def test_seed_62300_tensor_file_without_its_key_is_damage(dumps: dict[str, Path], tmp_path: Path) -> None:
+    """``"file"`` flipped to ``"filO"``: the entry kept its key but lost its tensor file, and was
+    compared on statistics alone (the writer sets both or neither)."""
+    clean = dumps["tensor"]
+    lines = (clean / RANK / "records.jsonl").read_text().splitlines()
+    line = next(i for i, x in enumerate(lines, 1) if any(t.get("file") for t in json.loads(x)["tensors"]))
+
+    def edit(rec: dict[str, Any]) -> None:
+        t = next(t for t in rec["tensors"] if t.get("file"))
+        t["filO"] = t.pop("file")
+
+    bad = _edit_record(clean, tmp_path / "bad", line, edit)
+    lost = _reader_damage(bad)
+    assert lost and "a key but no file" in lost[0]
+    assert _not_agree(bad, clean) == "refused"

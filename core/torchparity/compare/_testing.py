@@ -73,7 +73,9 @@ class SyntheticDump:
         base = base or op.split(".")[1] if op.startswith("aten.") else (base or op)
         counter = self._count(("name", base, phase))
         call_index = self._count(("ci", phase, module, op))
-        rec = OpRecord(id=rid, name=f"{prefix}.{base}.{counter}.{phase}", op=op, level=self.level, phase=phase,
+        # an API-style record (Functional.linear ...) is written at the api level, as the capture does
+        level = "api" if self.level == "aten" and prefix not in ("Aten", "Distributed") else self.level
+        rec = OpRecord(id=rid, name=f"{prefix}.{base}.{counter}.{phase}", op=op, level=level, phase=phase,
                        module=module, module_class=None, call_index=call_index, step=self.step, rank=self.rank)
         for i, (v, prod) in enumerate(inputs):
             rec.tensors.append(self.entry("input", str(i), v, list(prod) if prod else None, rid))

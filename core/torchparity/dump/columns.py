@@ -172,6 +172,15 @@ def _safe_file(v: Any) -> bool:
     return not p.is_absolute() and ".." not in p.parts
 
 
+def _aten_name_ok(name: str, op: str, phase: str) -> bool:
+    """``name`` is ``Aten.<op>.<k>.<phase>`` (or ``Distributed.`` for a collective), the name every
+    torchparity writer gives an aten-level record; ``<op>`` is checked for ``aten.*`` ops."""
+    parts = name.split(".")
+    if len(parts) < 4 or parts[-1] != phase or not parts[-2].isdigit() or parts[0] not in ("Aten", "Distributed"):
+        return False
+    return not op.startswith("aten.") or ".".join(parts[1:-2]) == op.split(".", 2)[1]
+
+
 def _column_problems(values: Sequence[Any], types: tuple[type, ...], ok: Callable[[Any], bool] | None,
                      what: str, distinct: bool = True) -> Iterable[tuple[int, str]]:
     """(index, problem) of the values of a column whose type is not one of ``types`` or which
@@ -335,6 +344,11 @@ class RecordColumns:
         yield from _column_problems(ops, (str,), lambda v: _OP_RE.match(v) is not None, "op")
         yield from _column_problems(levels, (str,), LEVEL_VALUES.__contains__, "level")
         yield from _column_problems(phases, (str,), bool, "phase")
+        if "aten" in levels:  # an aten record's name spells its op and phase: Aten.<op>.<k>.<phase>
+            for i, (nm, op, lv, ph) in enumerate(zip(names, ops, levels, phases)):
+                if lv == "aten" and type(nm) is str and type(op) is str and type(ph) is str \
+                        and not _aten_name_ok(nm, op, ph):
+                    yield i, f"name {_shown(nm)} does not spell its op {_shown(op)} and phase {_shown(ph)}"
         yield from _column_problems(modules, (str,), None, "module")
         yield from _column_problems(cis, (int,), _nonneg_int, "call_index")
         yield from _column_problems(fwds, (int, _NONE), None, "fwd", distinct=False)
@@ -360,6 +374,10 @@ class RecordColumns:
         yield from _column_problems(md5, (str, _NONE), None, "md5", distinct=False)
         yield from _column_problems(files, (str, _NONE), _safe_file, "file")
         yield from _column_problems(keys, (str, _NONE), None, "key", distinct=False)
+        if files.count(None) != keys.count(None):  # the writer sets both or neither
+            for i, (f, k) in enumerate(zip(files, keys)):
+                if (f is None) != (k is None):
+                    yield i, f"a tensor entry has {'a file but no key' if k is None else 'a key but no file'}"
         if self.full:
             yield from _column_problems(self.device, (str, _NONE), None, "device")
         # producer: [record id, output index]
