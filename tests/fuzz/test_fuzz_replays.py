@@ -315,21 +315,22 @@ def test_seed_40016_header_field_of_the_wrong_type_is_a_warning_not_a_traceback(
     assert ei.value.code == 0
 
 
-@pytest.mark.parametrize("mode,name", [("statistics", "Aten.0.0.backward"), ("tensor", "Aten.t.1.bac}ward"),
-                                       ("statistics", "Aten.mm.0.forward")])
-def test_seeds_60848_61636_aten_name_that_does_not_spell_its_op_and_phase_is_damage(dumps: dict[str, Path],
-                                                                                     tmp_path: Path, mode: str,
-                                                                                     name: str) -> None:
-    """A flipped byte in a record's name left another plausible name (``Aten.t.0.backward`` ->
-    ``Aten.0.0.backward``, ``Aten.t.1.backward`` -> ``Aten.t.1.bac}ward``): the record was
-    compared under it and the compare said 'agree'. An aten record's name spells its op and phase."""
+@pytest.mark.parametrize("mode,name,op", [("statistics", "Aten.0.0.backward", None), ("tensor", "Aten.t.1.bac}ward", None),
+                                          ("statistics", "Aten.mm.0.forward", None),
+                                          ("statistics", None, "aten.t.3efault"), ("tensor", None, "aten4t.default")])
+def test_seeds_60848_61636_81880_80828_aten_name_and_op_that_do_not_agree_are_damage(
+        dumps: dict[str, Path], tmp_path: Path, mode: str, name: str | None, op: str | None) -> None:
+    """A flipped byte in a record's name or op left another plausible one (``Aten.t.0.backward`` ->
+    ``Aten.0.0.backward``, ``Aten.t.1.bac}ward``; ``aten.t.default`` -> ``aten.t.3efault``,
+    ``aten.mm.default`` -> ``aten4mm.default``): the record was compared under it and the compare said
+    'agree'. An aten record's name spells its op and phase, and its op is namespace.name.overload."""
     clean = dumps[mode]
     lines = (clean / RANK / "records.jsonl").read_text().splitlines()
     line = next(i for i, x in enumerate(lines, 1) if json.loads(x)["op"] == "aten.t.default"
                 and json.loads(x)["phase"] == "backward")
-    bad = _edit_record(clean, tmp_path / "bad", line, lambda r: r.update(name=name))
+    bad = _edit_record(clean, tmp_path / "bad", line, lambda r: r.update({"name": name} if name else {"op": op}))
     lost = _reader_damage(bad)
-    assert lost and "does not spell its op" in lost[0]
+    assert lost and "do not agree" in lost[0]
     assert _not_agree(bad, clean) == "refused"
 
 
@@ -348,3 +349,17 @@ def test_seed_62300_tensor_file_without_its_key_is_damage(dumps: dict[str, Path]
     lost = _reader_damage(bad)
     assert lost and "a key but no file" in lost[0]
     assert _not_agree(bad, clean) == "refused"
+
+
+def test_seed_80009_msprobe_renamed_backward_paired_by_shape_is_said(ms: Path, tmp_path: Path) -> None:
+    """``Functional.linear.0.backward`` flipped to ``Functional.linOar.0.backward``: the compare paired
+    it with the bench's linear backward by shape and position and said 'agree' without a word. The
+    numbers are compared (they agree), and a warning line now names the pairing across ops."""
+    bad = tmp_path / "ms"
+    shutil.copytree(ms, bad)
+    f = bad / RANK / "dump.json"
+    f.write_text(f.read_text().replace('"Functional.linear.0.backward"', '"Functional.linOar.0.backward"'))
+    res = torchparity.compare(bad, ms)
+    w = [x for x in res.summary["warnings"] if "paired across different ops" in x]
+    assert len(w) == 1 and "functional.linOar with torch.nn.functional.linear" in w[0]
+    assert not [x for x in torchparity.compare(ms, ms).summary["warnings"] if "paired across" in x]

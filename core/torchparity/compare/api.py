@@ -376,6 +376,12 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     rows["input_error"] = arrays["input_error"]
     rows["amplification"] = arrays["amplification"]
     mc = pairs["match"].value_counts().to_dict()
+    across = matching.loose_pairs_across_ops(pairs, d, b)
+    if across:
+        shown = ", ".join(f"{a} with {c}" for a, c in list(dict.fromkeys(across))[:3])
+        warnings.append(f"step{step}/rank{rank}: {len(across)} record(s) paired across different ops by shape and "
+                        f"position (device {shown}): judged on their numbers; check that they are the same "
+                        f"computation (match 'shape'/'align' in the reports)")
     info.update({"matches": {k: int(v) for k, v in mc.items()},
                  "root_cause": suspects[0].name if suspects else None,
                  "root_cause_index": suspects[0].index if suspects else None,

@@ -469,3 +469,20 @@ def pair_rows(dev_rows: Any, bench_rows: Any, pairs: Any) -> Any:
     both.loc[both["_merge"] != "both", "match"] = "unmatched"
     both["d_record_id"] = both["d_record_id"].fillna(-1).astype("int64")
     return both.drop(columns="_merge")
+
+
+def loose_pairs_across_ops(pairs: Any, d: Any, b: Any) -> list[tuple[str, str]]:
+    """(device op, bench op) of the records paired by shape or position (match ``shape`` /
+    ``align``) whose ops differ: the compare judges them on their numbers, and says so (a renamed
+    or damaged op name must not pass unseen)."""
+    loose = pairs[pairs["match"].isin(("shape", "align"))]
+    if not len(loose):
+        return []
+    dop = d.drop_duplicates("record_id").set_index("record_id")["op"].to_dict()
+    bop = b.drop_duplicates("record_id").set_index("record_id")["op"].to_dict()
+    out = []
+    for x, y in zip(loose["dev_rid"].tolist(), loose["bench_rid"].tolist()):
+        a, c = dop.get(x), bop.get(y)
+        if a != c:
+            out.append((str(a), str(c)))
+    return out

@@ -174,11 +174,15 @@ def _safe_file(v: Any) -> bool:
 
 def _aten_name_ok(name: str, op: str, phase: str) -> bool:
     """``name`` is ``Aten.<op>.<k>.<phase>`` (or ``Distributed.`` for a collective), the name every
-    torchparity writer gives an aten-level record; ``<op>`` is checked for ``aten.*`` ops."""
+    torchparity writer gives an aten-level record; ``<op>`` is checked for ``aten.*`` ops; the op
+    itself is ``namespace.name.overload`` (``aten.t.default``), each part an identifier."""
     parts = name.split(".")
     if len(parts) < 4 or parts[-1] != phase or not parts[-2].isdigit() or parts[0] not in ("Aten", "Distributed"):
         return False
-    return not op.startswith("aten.") or ".".join(parts[1:-2]) == op.split(".", 2)[1]
+    op_parts = op.split(".")  # str(OpOverload): namespace.name.overload, each an identifier
+    if len(op_parts) < 3 or not all(x.isidentifier() for x in op_parts):
+        return False
+    return not op.startswith("aten.") or ".".join(parts[1:-2]) == op_parts[1]
 
 
 def _column_problems(values: Sequence[Any], types: tuple[type, ...], ok: Callable[[Any], bool] | None,
@@ -348,7 +352,8 @@ class RecordColumns:
             for i, (nm, op, lv, ph) in enumerate(zip(names, ops, levels, phases)):
                 if lv == "aten" and type(nm) is str and type(op) is str and type(ph) is str \
                         and not _aten_name_ok(nm, op, ph):
-                    yield i, f"name {_shown(nm)} does not spell its op {_shown(op)} and phase {_shown(ph)}"
+                    yield i, (f"name {_shown(nm)} and op {_shown(op)} do not agree (an aten record is "
+                              f"Aten.<op>.<k>.<phase> of op namespace.<op>.overload, phase {_shown(ph)})")
         yield from _column_problems(modules, (str,), None, "module")
         yield from _column_problems(cis, (int,), _nonneg_int, "call_index")
         yield from _column_problems(fwds, (int, _NONE), None, "fwd", distinct=False)
