@@ -281,7 +281,7 @@ def _odd_records(step: int) -> list:
         OpRecord(0, "Aten.mul.0.forward", "aten.mul.Tensor", "aten", "forward", "m", 0, step, 0,
                  tensors=[t(stats=dict(st)), TensorEntry("input", "1", "scalar", value=float("nan")),
                           TensorEntry("input", "alpha", "scalar", value=(1, -0.0)),
-                          TensorEntry("output", "0", "none"), t(io="output", stats=None, producer=(0, 0))],
+                          TensorEntry("output", "0", "none"), t(io="output", stats=None)],
                  flags={"inplace": True, "shape": (2, 3), "x": float("nan")}),
         OpRecord(1, "Aten.bad.0.forward", "bad op?", "aten", "forward", "m", 0, step, 0,  # the reader drops it
                  tensors=[t(stats=dict(st))]),
@@ -289,7 +289,8 @@ def _odd_records(step: int) -> list:
                  tensors=[t(stats={"max": 1.0, "min": 0.0}), t(arg="1", stats=dict(st), md5="ab")],
                  flags={"compute_dtype": "bfloat16", "collective": True}),
         OpRecord(3, "Module.m.Lin.forward.0", "Lin", "module", "forward", "m", 0, step, 0, module_class="Lin",
-                 tensors=[t(stats=dict(st, max=-0.0), file="tensors/x.safetensors", key="k")], flags={}),
+                 tensors=[t(stats=dict(st, max=-0.0), file="tensors/x.safetensors", key="k", producer=(0, 1))],
+                 flags={}),
     ]
     return recs
 

@@ -200,7 +200,7 @@ def _edge_case_dump(root, n_plain: int = 0):
         # no module (-> ""), no call_index (-> 0), NaN/Infinity as strings, a tensor without statistics
         {"id": 1, "name": "Aten.add.0.backward", "op": "aten.add.Tensor", "level": "aten", "phase": "backward", "fwd": 0,
          "tensors": [dict(t, stats={"max": "Infinity", "min": "-Infinity", "mean": "NaN", "norm": 1.5,
-                                    "nan": 2, "inf": 1}, producer=[0, 1], requires_grad=None),
+                                    "nan": 2, "inf": 1}, producer=[0, 0], requires_grad=None),
                      {k: v for k, v in t.items() if k != "stats"}]},
         {"id": 2, "name": "Aten.relu.0.forward", "op": "aten.relu.default", "level": "aten", "phase": "forward", "module": None,
          "tensors": []},
@@ -247,7 +247,7 @@ def test_compare_frame_has_the_full_frames_values(tmp_path, n_plain):
     assert compact["record_id"].tolist()[:6] == [0, 0, 0, 1, 1, 3]
     assert compact["call_index"].tolist()[:6] == [0, 0, 0, 0, 0, 0]
     assert compact["module"].tolist()[3] == "" and compact["arg"].tolist()[1] == "0"
-    assert compact["shape"].tolist()[:2] == [(2, 3), ()] and compact["producer"].tolist()[:4] == [None, None, None, (0, 1)]
+    assert compact["shape"].tolist()[:2] == [(2, 3), ()] and compact["producer"].tolist()[:4] == [None, None, None, (0, 0)]
     assert compact.loc[3, ["max", "min"]].tolist() == [float("inf"), float("-inf")]
     # text stays plain object columns (pandas >= 3 would infer its slower "str" dtype)
     for c in ("name", "op", "phase", "module", "io", "arg", "kind", "dtype"):

@@ -363,3 +363,23 @@ def test_seed_80009_msprobe_renamed_backward_paired_by_shape_is_said(ms: Path, t
     w = [x for x in res.summary["warnings"] if "paired across different ops" in x]
     assert len(w) == 1 and "functional.linOar with torch.nn.functional.linear" in w[0]
     assert not [x for x in torchparity.compare(ms, ms).summary["warnings"] if "paired across" in x]
+
+
+@pytest.mark.parametrize("mode", ["statistics", "tensor"])
+@pytest.mark.parametrize("link", [[1, 2], [999, 0], "self"])  # 999: not earlier
+def test_seed_102155_producer_that_names_no_earlier_output_is_damage(dumps: dict[str, Path], tmp_path: Path,
+                                                                    mode: str, link: Any) -> None:
+    """A producer ``[1, 0]`` flipped to ``[1, 2]`` (record 1 has one output) was compared as 'agree';
+    so would a link to a record that does not exist, or to the record itself."""
+    clean = dumps[mode]
+    lines = (clean / RANK / "records.jsonl").read_text().splitlines()
+    line = next(i for i, x in enumerate(lines, 1) if any(t.get("producer") for t in json.loads(x)["tensors"]))
+
+    def edit(rec: dict[str, Any]) -> None:
+        t = next(t for t in rec["tensors"] if t.get("producer"))
+        t["producer"] = [rec["id"], 0] if link == "self" else list(link)
+
+    bad = _edit_record(clean, tmp_path / "bad", line, edit)
+    lost = _reader_damage(bad)
+    assert lost and "names no output of an earlier record" in lost[0]
+    assert _not_agree(bad, clean) == "refused"

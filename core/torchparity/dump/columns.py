@@ -172,6 +172,14 @@ def _safe_file(v: Any) -> bool:
     return not p.is_absolute() and ".." not in p.parts
 
 
+def _aten_name_form(op: str, phase: str) -> tuple[tuple[str, ...], str] | None:
+    """(name prefixes, name suffix) of an ``aten.*`` op's records, for the fast check; None for other ops."""
+    parts = op.split(".")
+    if len(parts) != 3 or parts[0] != "aten" or not all(x.isidentifier() for x in parts) or "." in phase:
+        return None
+    return (f"Aten.{parts[1]}.", f"Distributed.{parts[1]}."), f".{phase}"
+
+
 def _aten_name_ok(name: str, op: str, phase: str) -> bool:
     """``name`` is ``Aten.<op>.<k>.<phase>`` (or ``Distributed.`` for a collective), the name every
     torchparity writer gives an aten-level record; ``<op>`` is checked for ``aten.*`` ops; the op
@@ -349,9 +357,18 @@ class RecordColumns:
         yield from _column_problems(levels, (str,), LEVEL_VALUES.__contains__, "level")
         yield from _column_problems(phases, (str,), bool, "phase")
         if "aten" in levels:  # an aten record's name spells its op and phase: Aten.<op>.<k>.<phase>
+            seen: dict[tuple[str, str], tuple[tuple[str, ...], str] | None] = {}
             for i, (nm, op, lv, ph) in enumerate(zip(names, ops, levels, phases)):
-                if lv == "aten" and type(nm) is str and type(op) is str and type(ph) is str \
-                        and not _aten_name_ok(nm, op, ph):
+                if lv != "aten" or type(nm) is not str or type(op) is not str or type(ph) is not str:
+                    continue
+                key = (op, ph)
+                form = seen[key] if key in seen else seen.setdefault(key, _aten_name_form(op, ph))
+                if form is not None:  # the usual case: prefix and suffix known, the middle a counter
+                    heads, tail = form
+                    if nm.endswith(tail) and nm.startswith(heads) \
+                            and nm[nm.index(".", nm.index(".") + 1) + 1:-len(tail)].isdigit():
+                        continue
+                if not _aten_name_ok(nm, op, ph):
                     yield i, (f"name {_shown(nm)} and op {_shown(op)} do not agree (an aten record is "
                               f"Aten.<op>.<k>.<phase> of op namespace.<op>.overload, phase {_shown(ph)})")
         yield from _column_problems(modules, (str,), None, "module")
@@ -395,6 +412,19 @@ class RecordColumns:
                 if p is not None and not (type(p) is list and len(p) in (0, 2)
                                           and all(type(x) is int and x >= 0 for x in p)):
                     yield i, f"producer is {_shown(p)}, not [record id, output index]"
+        if given:  # a link names an earlier record of this rank and step, and one of its outputs
+            ids = self.heads[0]
+            present = set(ids)  # a record whose line was lost is not here: links to it are not judged
+            n_out: dict[Any, int] = {}
+            for r_i, o in zip(rec, io):
+                if o == "output":
+                    n_out[ids[r_i]] = n_out.get(ids[r_i], 0) + 1
+            for i, (r_i, p) in enumerate(zip(rec, prod)):
+                if type(p) is list and len(p) == 2 and type(p[0]) is int and type(p[1]) is int and p[1] >= 0 \
+                        and type(ids[r_i]) is int \
+                        and (p[0] >= ids[r_i] or (p[0] in present and n_out.get(p[0], 0) <= p[1])):
+                    yield i, (f"producer {_shown(p)} names no output of an earlier record (record {p[0]} "
+                              f"{'is not earlier' if p[0] >= ids[r_i] else f'has {n_out.get(p[0], 0)} output(s)'})")
         # statistics: numbers, or the strings NaN / Infinity / -Infinity
         types = set(map(type, chain.from_iterable(stats)))
         strings = {v for v in chain.from_iterable(stats) if type(v) is str} if str in types else set()
