@@ -347,8 +347,12 @@ def test_seed_62300_tensor_file_without_its_key_is_damage(dumps: dict[str, Path]
 
     bad = _edit_record(clean, tmp_path / "bad", line, edit)
     lost = _reader_damage(bad)
-    assert lost and "a key but no file" in lost[0]
+    assert lost and "has a key 'filO' where 'file' belongs" in lost[0]
     assert _not_agree(bad, clean) == "refused"
+    # the same with the key name intact but the file dropped: the writer sets both or neither
+    bad2 = _edit_record(clean, tmp_path / "bad2", line, lambda rec: next(t for t in rec["tensors"] if t.get("file")).pop("file"))
+    lost = _reader_damage(bad2)
+    assert lost and "a key but no file" in lost[0]
 
 
 def test_seed_80009_msprobe_renamed_backward_paired_by_shape_is_said(ms: Path, tmp_path: Path) -> None:
@@ -383,3 +387,35 @@ def test_seed_102155_producer_that_names_no_earlier_output_is_damage(dumps: dict
     lost = _reader_damage(bad)
     assert lost and "names no output of an earlier record" in lost[0]
     assert _not_agree(bad, clean) == "refused"
+
+
+@pytest.mark.parametrize("where,old,new", [("record", "call_index", "call_ixdex"), ("record", "module", "modulE"),
+                                           ("entry", "stats", "stat"), ("entry", "dtype", "dtypo")])
+def test_seed_120281_a_key_one_edit_from_a_missing_key_is_damage(dumps: dict[str, Path], tmp_path: Path, where: str,
+                                                                 old: str, new: str) -> None:
+    """``"call_index"`` flipped to ``"call_ixdex"``: the reader read the default call index 0 in
+    its place and the compare said 'agree' (10,000-case run, seed 120281)."""
+    clean = dumps["tensor"]
+    lines = (clean / RANK / "records.jsonl").read_text().splitlines()
+    line = next(i for i, x in enumerate(lines, 1) if json.loads(x)["call_index"] == 1)
+
+    def edit(rec: dict[str, Any]) -> None:
+        d = rec if where == "record" else rec["tensors"][0]
+        d[new] = d.pop(old)
+
+    bad = _edit_record(clean, tmp_path / "bad", line, edit)
+    lost = _reader_damage(bad)
+    assert lost and f"has a key '{new}' where '{old}' belongs" in lost[0]
+    assert _not_agree(bad, clean) == "refused"
+
+
+def test_keys_of_a_newer_writer_are_read_past(dumps: dict[str, Path], tmp_path: Path) -> None:
+    clean = dumps["statistics"]
+
+    def edit(rec: dict[str, Any]) -> None:
+        rec["cost_ns"] = 5
+        rec["tensors"][0]["layout"] = "strided"
+
+    good = _edit_record(clean, tmp_path / "good", 1, edit)
+    assert _reader_damage(good) == []
+    assert not torchparity.compare(good, clean).diverged

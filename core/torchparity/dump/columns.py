@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Sequence
 
 from ..records import LEVELS
+from .keys import ENTRY_KEYS, RECORD_KEYS, damaged_key
 from .tensors import TensorRef
 
 RECORD_COLUMNS = [
@@ -274,9 +275,14 @@ class RecordColumns:
         c_device = self.device.append
         rows = self.cols[0]
         full, step, rank, bad = self.full, self.step, self.rank, self.bad
+        record_keys, entry_keys = RECORD_KEYS, ENTRY_KEYS
         stat_values = _STAT_VALUES
         for i, r in enumerate(records, self.n_records):
             g = r.get
+            if not record_keys.issuperset(r):  # a key no writer writes: a damaged name of a known one?
+                hit = damaged_key(r, RECORD_KEYS)
+                if hit is not None:
+                    bad.setdefault(i, f"has a key {_shown(hit[0])} where {hit[1]!r} belongs (a damaged key)")
             h_id(g("id")), h_name(g("name")), h_ci(g("call_index", 0)), h_fwd(g("fwd")), h_stack(g("stack"))
             v = g("op")
             h_op(share(v, v))
@@ -301,6 +307,11 @@ class RecordColumns:
                 if type(t) is not dict:
                     bad.setdefault(i, f"tensors[{k}] is {_type_name(t)} ({_shown(t)}), not an object")
                     continue
+                if not entry_keys.issuperset(t):
+                    hit = damaged_key(t, ENTRY_KEYS)
+                    if hit is not None:
+                        bad.setdefault(i, f"tensors[{k}] has a key {_shown(hit[0])} where {hit[1]!r} belongs "
+                                          f"(a damaged key)")
                 g = t.get
                 c_rec(i)
                 v = g("io")

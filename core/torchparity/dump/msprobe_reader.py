@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DumpError
 from .columns import COLUMNS, dtype_ok, empty_frame
 from .damage import Damage
+from .keys import damaged_key
 from .tensors import PtRef
 
 if TYPE_CHECKING:
@@ -228,29 +229,13 @@ def _safe_name(v: Any) -> bool:
 _TENSOR_KEYS = ("type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad", "md5", "data_name")
 
 
-def _one_edit(a: str, b: str) -> bool:
-    """``a`` is ``b`` with its letter case changed, or with one character replaced, added or removed."""
-    if a.lower() == b.lower():
-        return True
-    if len(a) == len(b):
-        return sum(x != y for x, y in zip(a, b)) == 1
-    if abs(len(a) - len(b)) != 1:
-        return False
-    short, long_ = (a, b) if len(a) < len(b) else (b, a)
-    i = next((k for k, (x, y) in enumerate(zip(short, long_)) if x != y), len(short))
-    return short[i:] == long_[i + 1:]
-
-
 def _damaged_key(t: dict[str, Any]) -> str | None:
     """A key one edit away from a tensor-description key that the entry lacks (``data_naMe`` for
     ``data_name``): a damaged key, whose value no reader would read. A key a newer msprobe adds has
     a name of its own and is left alone."""
-    for k in t:
-        if k in _TENSOR_KEYS:
-            continue
-        near = next((known for known in _TENSOR_KEYS if known not in t and _one_edit(k, known)), None)
-        if near is not None:
-            return f"has a key {_shown(k)} where {near!r} belongs (a damaged key: its value would be lost)"
+    hit = damaged_key(t, _TENSOR_KEYS)
+    if hit is not None:
+        return f"has a key {_shown(hit[0])} where {hit[1]!r} belongs (a damaged key: its value would be lost)"
     return None
 
 
