@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -44,7 +45,12 @@ def main() -> None:
     # leave together: a rank tearing gloo down while its peer still talks aborts the peer
     # ("terminate called without an active exception", once in the CI's newest job)
     dist.barrier()
-    dist.destroy_process_group()
+    # and skip gloo's teardown: destroying the group (or its destructors at exit) while the peer's
+    # connection closes still aborted one rank about once in five runs after a correct run
+    # ("terminate called without an active exception", gloo's threads; results already written)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -253,10 +253,11 @@ class History:
         self.steps: list[StepRecord] = []
         self.peak = 0  # the most host bytes held at once
         self._job: SnapshotJob | None = None
+        self._snapshot_bytes = 0
 
     @property
     def nbytes(self) -> int:
-        return (self.snapshot.nbytes if self.snapshot else 0) + sum(tree_bytes(s.batch) for s in self.steps)
+        return self._snapshot_bytes + sum(tree_bytes(s.batch) for s in self.steps)
 
     def begin_step(self, step: int, batch: Any, model: torch.nn.Module, optimizer: Any, scaler: Any) -> StepRecord:
         """Before ``step`` runs: start a snapshot when one is due (finished by :meth:`settle`),
@@ -270,7 +271,7 @@ class History:
                 raise UsageError(f"watch: the snapshot and {self.every} kept batches need {need / 2**20:.1f} MiB on "
                                  f"the host, over memory_budget={self.budget / 2**20:.1f} MiB; raise memory_budget or "
                                  f"lower every")
-            old, self.snapshot, self.steps = self.snapshot, None, []
+            old, self.snapshot, self.steps, self._snapshot_bytes = self.snapshot, None, [], 0
             self._job = SnapshotJob(model, optimizer, scaler, reuse=old)
             self.snapshot_step = step
         with tool_work():
@@ -284,6 +285,7 @@ class History:
             return
         job, self._job = self._job, None
         self.snapshot = job.result()
+        self._snapshot_bytes = self.snapshot.nbytes  # counted once, not at every step
 
     def note_peak(self) -> None:
         self.peak = max(self.peak, self.nbytes)
