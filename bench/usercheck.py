@@ -1,0 +1,136 @@
+"""The new-user check on models we did not write: ``python bench/usercheck.py``.
+
+Hugging Face Llama (``attn_implementation="eager"``), BERT (padding mask) and a CNN with BatchNorm
+and Dropout (the zoo's models, tests/zoo/zoo_models.py: random init from config classes, no
+download), in float32, bf16 and fp16 autocast + GradScaler, AdamW. For each:
+
+* ``watch``: 6 steps under ``torchparity.watch(every=2)`` vs without: losses, parameters and
+  optimizer state bitwise equal; no trigger on a clean run;
+* ``compile``: the model ``torch.compile``d (Inductor on the CPU, one thread, ``fallback_random``)
+  trained 2 steps without the tool and inside ``torchparity.dump(level="aten")``: bitwise equal;
+  then ``torchparity.compare`` of an eager aten dump against the compiled dump: verdict counts and
+  the root cause (expected: none). fp16 autocast + GradScaler is run for the watch only (see the
+  printed note).
+
+Prints one line per (model, precision, feature) and a Markdown table (``--out``). Exit 1 when a
+check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+import zoo_models as zm  # noqa: E402
+
+import torchparity  # noqa: E402
+
+MODELS = ("llama-eager", "bert", "cnn")
+
+
+def _state(t: zm.Trainer) -> list[torch.Tensor]:
+    out = [p.detach().clone() for p in t.model.parameters()]
+    for st in t.opt.state.values():
+        out += [v.clone() for v in st.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.dtype == y.dtype and x.shape == y.shape and
+                                    torch.equal(x.reshape(-1).view(torch.uint8) if x.is_floating_point() else x,
+                                                y.reshape(-1).view(torch.uint8) if y.is_floating_point() else y)
+                                    for x, y in zip(a, b))
+
+
+def check_watch(name: str, prec: str, root: Path) -> tuple[bool, str]:
+    spec = zm.ZOO[name]
+    off = zm.Trainer(spec, prec)
+    l0 = off.train(6)
+    on = zm.Trainer(spec, prec)
+    with torchparity.watch(on.model, on.opt, output_dir=root / "watch", every=2, scaler=on.scaler) as w:
+        l1 = [w.run(lambda _b: on.step(), None) for _ in range(6)]
+    ok = l0 == l1 and _same(_state(off), _state(on)) and not w.triggers
+    return ok, f"losses equal {l0 == l1}, state bitwise {_same(_state(off), _state(on))}, triggers {len(w.triggers)}"
+
+
+def _compiled(spec: zm.ZooSpec, prec: str) -> zm.Trainer:
+    t = zm.Trainer(spec, prec)
+    t.model = torch.compile(t.model)
+    return t
+
+
+def check_compile(name: str, prec: str, root: Path) -> tuple[bool, str]:
+    spec = zm.ZOO[name]
+    torch._dynamo.reset()
+    off = _compiled(spec, prec)
+    l0 = off.train(2)
+    torch._dynamo.reset()
+    on = _compiled(spec, prec)
+    with torchparity.dump(str(root / "compiled"), model=on.model, level="aten"):
+        l1 = on.train(2)
+    bitwise = l0 == l1 and _same(_state(off), _state(on))
+    eager = zm.Trainer(spec, prec)
+    with torchparity.dump(str(root / "eager"), model=eager.model, level="aten"):
+        eager.train(2)
+    res = torchparity.compare(str(root / "eager"), str(root / "compiled"), output_dir=str(root / "out"))
+    s = res.summary
+    rc = res.root_cause
+    ok = bitwise and rc is None and not s.get("n_error")
+    return ok, (f"tool on == off bitwise {bitwise}; compare: {s.get('n_pass')} pass, {s.get('n_warning')} warning, "
+                f"{s.get('n_error')} error, root cause {rc.name if rc is not None else 'none'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--features", default="watch,compile")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--precisions", default="fp32,bf16,fp16")
+    ap.add_argument("--out", default=None, help="write the Markdown table here")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)  # Inductor's CPU scatter-adds are not deterministic across threads
+    import torch._inductor.config as iconf
+
+    iconf.fallback_random = True  # dropout draws as in eager, so compiled and eager runs compare
+    checks = {"watch": check_watch, "compile": check_compile}
+    rows, failed = [], 0
+    for name in a.models.split(","):
+        for prec in a.precisions.split(","):
+            for feat in a.features.split(","):
+                if feat == "compile" and prec == "fp16":
+                    rows.append((name, prec, feat, "n/a", "fp16 autocast + GradScaler under torch.compile: not run"))
+                    continue
+                t0 = time.perf_counter()
+                with tempfile.TemporaryDirectory() as tmp:
+                    try:
+                        ok, note = checks[feat](name, prec, Path(tmp))
+                    except Exception as exc:  # a crash is a failed check, shown with its last frame
+                        ok, note = False, f"crash: {type(exc).__name__}: {exc}"[:300]
+                        traceback.print_exc()
+                verdict = "OK" if ok else "FAIL"
+                failed += not ok
+                rows.append((name, prec, feat, verdict, f"{note} ({time.perf_counter() - t0:.0f} s)"))
+                print(f"{name:<12} {prec:<5} {feat:<8} {verdict:<5} {rows[-1][4]}", flush=True)
+    lines = [f"usercheck, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
+             f"`python bench/usercheck.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip() + "", "",
+             "| model | precision | feature | verdict | what was seen |", "|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(r)} |" for r in rows]
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(main())
