@@ -94,3 +94,50 @@ def test_a_captured_op_pairs_with_the_eager_op_at_its_position():
     # unpaired (not compared) rather than guessed
     assert align_group([10, 11, 12, 13, 14], ["x", "s", "s", "s", "y"], {}, [100, 101, 102], ["x", "s", "y"],
                        {100: 0, 101: 2, 102: 3}) == [(10, 100), (14, 102)]
+
+
+class ConvBN(nn.Module):
+    """Convolutions with a bias before BatchNorm: the bias's gradient is ~0 by cancellation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.relu(self.bn2(self.conv2(x)))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def _adam_run(path, compiled: bool, steps: int = 2):
+    torch.manual_seed(0)
+    m = ConvBN()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    run = torch.compile(m, backend="inductor") if compiled else m
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
+    with torchparity.dump(str(path), model=run, level="aten"):
+        for _ in range(steps):
+            loss = torch.nn.functional.cross_entropy(run(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return m
+
+
+@pytest.mark.slow
+def test_after_an_adamw_step_an_op_reading_drifted_parameters_is_not_blamed(tmp_path):
+    """Compiled vs eager, AdamW, step 1: conv biases before BatchNorm got gradients ~0 on both sides
+    that differ in the last bits, and Adam turned them into +-lr (1e-3 apart). The compiled side
+    does not hold the parameters a convolution reads (graph inputs): that difference is no input
+    error of the pair, and the convolution was named as root cause (bench/usercheck.py, the zoo
+    CNN in fp32). Such ops are not judged after a trained step; step 0 is judged as before."""
+    torch._dynamo.reset()
+    a, b = _adam_run(tmp_path / "eager", False), _adam_run(tmp_path / "comp", True)
+    drift = max((pa - pb).abs().max().item() for (n, pa), (_, pb) in
+                zip(a.named_parameters(), b.named_parameters()) if n.endswith("bias"))
+    res = torchparity.compare(tmp_path / "eager", tmp_path / "comp", output_dir=tmp_path / "out")
+    assert res.root_cause is None, (drift, res.root_cause.reason)
+    assert res.summary["n_error"] == 0

@@ -355,10 +355,12 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
         occ = [compiled.occurrences(read_unit(r.unit(step, rank), [], compact=False)) if compiled.is_compiled(r.header(step, rank))
                else {} for r in (dr, br)]
         pairs = compiled.match_compiled(d, b, mapping, occ[0], occ[1])
+        reads_inputs = compiled.reads_graph_inputs(d, b, pairs)
         d, b = compiled.add_inputs(d, b, pairs)
         info["compiled"] = True
     else:
         pairs = matching.match_records(d, b, mapping)
+        reads_inputs = set()
     _check_same_computation(pairs, step, rank)
     both = matching.pair_rows(d, b, pairs)
     _check_same_shapes(both, step, rank)
@@ -371,7 +373,9 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     rows["floor"] = rootcause.floors(rows)
     # an earlier step trained on both sides: parameters and optimizer state carry its updates
     carried = any(s < step for s in dr.steps) and any(s < step for s in br.steps)
+    unjudged = reads_inputs if info.get("compiled") and carried else None
     arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks,
+                                         unjudged=unjudged,
                                          carried_state=carried, sources=not info.get("compiled"))
     rows["input_error"] = arrays["input_error"]
     rows["amplification"] = arrays["amplification"]

@@ -281,3 +281,20 @@ def random_mismatch(headers: list[tuple[Mapping[str, Any] | None, Mapping[str, A
                     f"them whatever the numerics: re-run the compiled side with "
                     f"torch._inductor.config.fallback_random = True (or without dropout, model.eval()) and compare again")
     return None
+
+
+def reads_graph_inputs(dev_rows: Any, bench_rows: Any, pairs: Any) -> set[int]:
+    """Device record ids of paired records whose eager counterpart reads a tensor made outside
+    the captured ops (no producer: a parameter, a buffer, optimizer state, the batch). On the
+    compiled side such a tensor is a graph input and is not captured, so the pair's input error
+    is not known in full: after a trained step (parameters drifted apart by Adam's +-lr on
+    gradients ~0 on both sides) the op reading it must not be blamed for that difference."""
+    dev_is_compiled = not (dev_rows["io"] == "input").any() and (bench_rows["io"] == "input").any()
+    eager = bench_rows if dev_is_compiled else dev_rows
+    if "producer" not in eager.columns:
+        return set()
+    leaf = eager[(eager["io"].isin(["input", "param"])) & (eager["kind"] == "tensor") & eager["producer"].isna()]
+    ids = set(leaf["record_id"].tolist())
+    p = pairs[(pairs["dev_rid"] >= 0) & (pairs["bench_rid"] >= 0)]
+    col = "bench_rid" if dev_is_compiled else "dev_rid"
+    return {int(d) for d, e in zip(p["dev_rid"].tolist(), p[col].tolist()) if e in ids}

@@ -123,7 +123,8 @@ def producer_columns(prod: np.ndarray) -> tuple[Any, np.ndarray]:
 
 def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, rank: int = 0,
             stacks: dict[int, list[str]] | None = None,
-            carried_state: bool = False, sources: bool = True) -> tuple[dict[str, np.ndarray], list[Suspect]]:
+            carried_state: bool = False, sources: bool = True,
+            unjudged: set[int] | None = None) -> tuple[dict[str, np.ndarray], list[Suspect]]:
     """Score the records of one (step, rank). ``rows`` are compare rows of that pair with
     columns ``d_record_id, order, io, kind, error, floor, producer, arg, match, device_name,
     bench_name, op, module, phase, level, d_stack, args_differ``.
@@ -138,6 +139,9 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     them - a bf16 run's weights drift from the fp32 run's by design (Adam turns a gradient that is
     noise on both sides, like a key bias under softmax, into +-lr) - so they are never reported as
     sources ("check the weights"); their error is the input error of the ops that read them.
+
+    ``unjudged``: device record ids whose input error is not known in full (a compiled record
+    reading a parameter after a trained step, :func:`.compiled.reads_graph_inputs`): never scored.
 
     Returns per-row arrays (``input_error``, ``amplification``) and the suspects, earliest first.
     """
@@ -279,6 +283,8 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
 
     lone_cast = (recs["match"].to_numpy() == "unmatched") & recs["op"].map(is_cast).to_numpy(dtype=bool)
     score = np.where(lone_cast & ~np.isinf(o_err), np.nan, score)
+    if unjudged:
+        score = np.where(np.isin(rec_ids, np.fromiter(unjudged, dtype=np.int64, count=len(unjudged))), np.nan, score)
     order = recs["order"].to_numpy()
     sus = np.nan_to_num(score, nan=0.0, posinf=np.inf, neginf=-np.inf) >= threshold
 
