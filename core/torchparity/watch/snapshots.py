@@ -35,30 +35,25 @@ def _into_host(t: torch.Tensor, old: Any) -> torch.Tensor:
     return _to_host(t)
 
 
-def _tree_into(x: Any, old: Any) -> Any:
-    """:func:`_tree` with :func:`_into_host`, ``old`` being the same structure from the last snapshot."""
+def _walk(x: Any, old: Any, fn: Any) -> Any:
+    """``x`` with each tensor ``t`` replaced by ``fn(t, o)``, ``o`` being what stands at the same
+    place in ``old`` (the same structure from the last snapshot; None where there is none)."""
     if isinstance(x, torch.Tensor):
-        return _into_host(x, old)
+        return fn(x, old)
     if isinstance(x, dict):
         prev = old if isinstance(old, dict) else {}
-        items = ((k, _tree_into(v, prev.get(k))) for k, v in x.items())
+        items = ((k, _walk(v, prev.get(k), fn)) for k, v in x.items())
         return {k: v for k, v in items} if type(x) is dict else type(x)(items)
     if isinstance(x, (list, tuple)):
         prev = list(old) if isinstance(old, (list, tuple)) and len(old) == len(x) else [None] * len(x)
-        out = [_tree_into(v, o) for v, o in zip(x, prev)]
+        out = [_walk(v, o, fn) for v, o in zip(x, prev)]
         return type(x)(*out) if hasattr(x, "_fields") else type(x)(out)
     return x
 
 
 def _tree(x: Any, fn: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if isinstance(x, dict):
-        return type(x)((k, _tree(v, fn)) for k, v in x.items()) if type(x) is not dict else {k: _tree(v, fn) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        out = [_tree(v, fn) for v in x]
-        return type(x)(*out) if hasattr(x, "_fields") else type(x)(out)
-    return x
+    """``x`` with each tensor ``t`` replaced by ``fn(t)`` (dicts, lists, tuples, named tuples)."""
+    return _walk(x, None, lambda t, _old: fn(t))
 
 
 def tree_bytes(x: Any) -> int:
@@ -191,16 +186,14 @@ class SnapshotJob:
         try:
             with tool_work(), torch.no_grad():
                 m = {k: _into_host(v, old_m.get(k)) for k, v in params.items()}
-                o = _tree_into(opt_sd, old_o)
+                o = _walk(opt_sd, old_o, _into_host)
                 # copy what is not a tensor (hyperparameters); the host tensors are already copies,
                 # and a second copy would read pinned buffers whose asynchronous copy is in flight
                 keep: dict[int, Any] = {}
                 _tree(o, lambda t: keep.setdefault(id(t), t))
                 o = copy.deepcopy(o, keep)
                 event = None
-                if any(t.is_cuda for t in params.values()) or any(isinstance(t, torch.Tensor) and t.is_cuda
-                                                                  for st in opt_sd.get("state", {}).values()
-                                                                  for t in st.values()):
+                if torch.cuda.is_available() and torch.cuda.is_initialized():  # copies from a GPU may be in flight
                     event = torch.cuda.Event()
                     event.record()
             self._out = (m, o, event)
