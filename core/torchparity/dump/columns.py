@@ -174,24 +174,26 @@ def _safe_file(v: Any) -> bool:
 
 
 def _aten_name_form(op: str, phase: str) -> tuple[tuple[str, ...], str] | None:
-    """(name prefixes, name suffix) of an ``aten.*`` op's records, for the fast check; None for other ops."""
+    """What every torchparity writer names an aten-level record of ``op`` in ``phase``:
+    ``Aten.<op>.<k>.<phase>`` (``Distributed.`` for a collective), as (name prefixes, suffix); the
+    middle is the counter ``k`` (for an op outside ``aten``, ``<name>.<k>``). None when ``op`` is not
+    ``namespace.name.overload`` of identifiers (``str(OpOverload)``): no name agrees with it."""
     parts = op.split(".")
-    if len(parts) != 3 or parts[0] != "aten" or not all(x.isidentifier() for x in parts) or "." in phase:
+    if len(parts) < 3 or not all(x.isidentifier() for x in parts):
         return None
-    return (f"Aten.{parts[1]}.", f"Distributed.{parts[1]}."), f".{phase}"
+    base = f"{parts[1]}." if parts[0] == "aten" else ""
+    return (f"Aten.{base}", f"Distributed.{base}"), f".{phase}"
 
 
-def _aten_name_ok(name: str, op: str, phase: str) -> bool:
-    """``name`` is ``Aten.<op>.<k>.<phase>`` (or ``Distributed.`` for a collective), the name every
-    torchparity writer gives an aten-level record; ``<op>`` is checked for ``aten.*`` ops; the op
-    itself is ``namespace.name.overload`` (``aten.t.default``), each part an identifier."""
-    parts = name.split(".")
-    if len(parts) < 4 or parts[-1] != phase or not parts[-2].isdigit() or parts[0] not in ("Aten", "Distributed"):
+def _name_agrees(name: str, form: tuple[tuple[str, ...], str] | None) -> bool:
+    if form is None:
         return False
-    op_parts = op.split(".")  # str(OpOverload): namespace.name.overload, each an identifier
-    if len(op_parts) < 3 or not all(x.isidentifier() for x in op_parts):
+    heads, tail = form
+    if not (name.endswith(tail) and name.startswith(heads)):
         return False
-    return not op.startswith("aten.") or ".".join(parts[1:-2]) == op_parts[1]
+    head = heads[0] if name.startswith(heads[0]) else heads[1]
+    base, _, k = name[len(head):len(name) - len(tail)].rpartition(".")
+    return k.isdigit() and (bool(base) if head in ("Aten.", "Distributed.") else not base)
 
 
 def _column_problems(values: Sequence[Any], types: tuple[type, ...], ok: Callable[[Any], bool] | None,
@@ -374,12 +376,7 @@ class RecordColumns:
                     continue
                 key = (op, ph)
                 form = seen[key] if key in seen else seen.setdefault(key, _aten_name_form(op, ph))
-                if form is not None:  # the usual case: prefix and suffix known, the middle a counter
-                    heads, tail = form
-                    if nm.endswith(tail) and nm.startswith(heads) \
-                            and nm[nm.index(".", nm.index(".") + 1) + 1:-len(tail)].isdigit():
-                        continue
-                if not _aten_name_ok(nm, op, ph):
+                if not _name_agrees(nm, form):
                     yield i, (f"name {_shown(nm)} and op {_shown(op)} do not agree (an aten record is "
                               f"Aten.<op>.<k>.<phase> of op namespace.<op>.overload, phase {_shown(ph)})")
         yield from _column_problems(modules, (str,), None, "module")
