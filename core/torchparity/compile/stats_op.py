@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from ..capture.stats import host_stats
+
 _LIB: torch.library.Library | None = None
 
 
@@ -27,8 +29,6 @@ def _acc(x: torch.Tensor) -> torch.dtype:
 
 def _value_stats(x: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cpu":
-        from ..capture.stats import host_stats
-
         vals = host_stats(x)
         if vals is None:  # empty
             return torch.full((6,), float("nan"), dtype=torch.float64)

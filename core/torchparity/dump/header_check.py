@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .footer import kind_of as _kind
+
 #: field -> the JSON types it may have (``None``: null allowed)
 HEADER_TYPES: dict[str, tuple[type, ...]] = {
     "format": (str,), "version": (int,), "tool_version": (str, type(None)), "level": (str,), "mode": (str,),
@@ -19,11 +21,6 @@ HEADER_TYPES: dict[str, tuple[type, ...]] = {
 }
 #: fields inside ``backend`` that are read (compare's environment checks, the replay judge)
 BACKEND_TYPES: dict[str, tuple[type, ...]] = {"numerics": (dict,), "torch_version": (str,), "name": (str,)}
-
-
-def _kind(v: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
 
 
 def _ok(v: Any, types: tuple[type, ...]) -> bool:
