@@ -185,17 +185,6 @@ def _aten_name_form(op: str, phase: str) -> tuple[tuple[str, ...], str] | None:
     return (f"Aten.{base}", f"Distributed.{base}"), f".{phase}"
 
 
-def _name_agrees(name: str, form: tuple[tuple[str, ...], str] | None) -> bool:
-    if form is None:
-        return False
-    heads, tail = form
-    if not (name.endswith(tail) and name.startswith(heads)):
-        return False
-    head = heads[0] if name.startswith(heads[0]) else heads[1]
-    base, _, k = name[len(head):len(name) - len(tail)].rpartition(".")
-    return k.isdigit() and (bool(base) if head in ("Aten.", "Distributed.") else not base)
-
-
 def _column_problems(values: Sequence[Any], types: tuple[type, ...], ok: Callable[[Any], bool] | None,
                      what: str, distinct: bool = True) -> Iterable[tuple[int, str]]:
     """(index, problem) of the values of a column whose type is not one of ``types`` or which
@@ -376,9 +365,15 @@ class RecordColumns:
                     continue
                 key = (op, ph)
                 form = seen[key] if key in seen else seen.setdefault(key, _aten_name_form(op, ph))
-                if not _name_agrees(nm, form):
-                    yield i, (f"name {_shown(nm)} and op {_shown(op)} do not agree (an aten record is "
-                              f"Aten.<op>.<k>.<phase> of op namespace.<op>.overload, phase {_shown(ph)})")
+                if form is not None and nm.endswith(form[1]) and nm.startswith(form[0]):  # inline: a hot loop
+                    heads, tail = form
+                    head = heads[0] if nm.startswith(heads[0]) else heads[1]
+                    base, _, k = nm[len(head):len(nm) - len(tail)].rpartition(".")
+                    # aten ops: the middle is the counter; other namespaces: <name>.<counter>
+                    if k.isdigit() and (bool(base) if head in ("Aten.", "Distributed.") else not base):
+                        continue
+                yield i, (f"name {_shown(nm)} and op {_shown(op)} do not agree (an aten record is "
+                          f"Aten.<op>.<k>.<phase> of op namespace.<op>.overload, phase {_shown(ph)})")
         yield from _column_problems(modules, (str,), None, "module")
         yield from _column_problems(cis, (int,), _nonneg_int, "call_index")
         yield from _column_problems(fwds, (int, _NONE), None, "fwd", distinct=False)
