@@ -221,3 +221,34 @@ def test_norm_of_huge_float64_values_does_not_overflow() -> None:
     host, batched = _norm_of_both_paths(t)
     assert host == pytest.approx(want, rel=1e-12, abs=0)
     assert batched == pytest.approx(want, rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("special", [None, math.nan, math.inf, -math.inf])
+def test_host_stats_of_large_tensors_take_exact_extremes(dtype: torch.dtype, special: float | None) -> None:
+    """From _SPLIT_MINMAX elements on, host_stats takes amax and amin (two passes, faster there
+    than aminmax): the extremes stay exact and NaN/Inf still show and are counted."""
+    from torchparity.capture import stats as stats_mod
+
+    n = stats_mod._SPLIT_MINMAX + 5
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(n, generator=g, dtype=dtype)
+    if special is not None:
+        x[n // 3] = special
+        x[n - 1] = special
+    got = host_stats(x)
+    assert got is not None
+    d = x.double()
+    if special is None:
+        assert got[0] == d.max().item() and got[1] == d.min().item()
+        assert got[4:] == [0.0, 0.0]
+        assert math.isclose(got[2], d.mean().item(), rel_tol=1e-5, abs_tol=1e-7)
+        assert math.isclose(got[3], d.norm().item(), rel_tol=1e-6)
+    elif math.isnan(special):
+        assert math.isnan(got[0]) and math.isnan(got[1]) and got[4:] == [2.0, 0.0]
+    else:
+        assert (got[0] if special > 0 else got[1]) == special and got[4:] == [0.0, 2.0]
+    # the same values as the aminmax path below the threshold
+    small = host_stats(x[: stats_mod._SPLIT_MINMAX - 1].clone())
+    ref = x[: stats_mod._SPLIT_MINMAX - 1].double()
+    assert small is not None and (math.isnan(small[0]) or small[0] == ref.max().item())

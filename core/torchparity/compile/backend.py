@@ -219,27 +219,29 @@ class CompileCapture:
             self.step_index += 1
             return 0
         flat = [s for _, stats, _ in buf for s in stats]
-        host: list[list[float]] = []
+        host = torch.empty((len(flat), 6), dtype=torch.float64)
         if flat:
             by_dev: dict[tuple[Any, Any], list[int]] = {}
             for i, s in enumerate(flat):
                 by_dev.setdefault((s.device, s.dtype), []).append(i)
-            host = [[]] * len(flat)
             for idx in by_dev.values():
-                rows = torch.stack([flat[i] for i in idx]).to("cpu", torch.float64).tolist()
+                rows = torch.stack([flat[i] for i in idx]).to("cpu", torch.float64)
                 self.transfers += 1
-                for i, r in zip(idx, rows):
-                    host[i] = r
-        captured = []
-        k = 0
+                if len(idx) == len(flat):  # one device and dtype: the rows are the step's table
+                    host = rows
+                else:
+                    host[torch.tensor(idx)] = rows
+        captured: list[NodeRecord] = []
         for records, _, shapes in buf:
+            if not shapes:
+                captured.extend(records)
+                continue
             for j, rec in enumerate(records):
-                if shapes and j in shapes:
+                if j in shapes:
                     rec = dataclasses.replace(rec, shape=shapes[j][0], stride=shapes[j][1])
-                captured.append((rec, host[k]))
-                k += 1
+                captured.append(rec)
         assert self._dump is not None  # a sink's capture is stepped by its dump
-        n = self._dump.write_step(self.step_index, captured)
+        n = self._dump.write_step(self.step_index, captured, host)
         self.records_per_step.append(n)
         self.step_index += 1
         return n

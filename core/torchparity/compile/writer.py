@@ -41,16 +41,16 @@ class CompiledDump:
                                   step_header=lambda step: {"compile": self.compile_header()})
         return self._writer
 
-    def write_step(self, step: int, captured: list[tuple[NodeRecord, list[float]]]) -> int:
-        """Write one step's records (``captured``: record and its host statistics, in execution
-        order). Returns the number of records written."""
+    def write_step(self, step: int, captured: list[NodeRecord], stats: torch.Tensor) -> int:
+        """Write one step's records (``captured``, in execution order; ``stats``: their host
+        statistics, one float64 row of six per record). Returns the number of records written."""
         writer = self._writer or self._open()
         rank = self._rank
         names: dict[str, int] = {}
         calls: dict[tuple[str, str, str], int] = {}
         stacks: dict[str, int] = {}
-        records, slots, rows = [], [], []
-        for rid, (rec, stats) in enumerate(captured):
+        records, slots = [], []
+        for rid, rec in enumerate(captured):
             short = rec.op.split(".")[1] if rec.op.startswith(("aten.", "prims.")) else rec.op.split(".")[0]
             n = names.get(short, 0)
             names[short] = n + 1
@@ -70,8 +70,7 @@ class CompiledDump:
             r.tensors = [e]
             records.append(r)
             slots.append(e)
-            rows.append(stats)
-        writer.submit(Batch(step, rank, records, slots, torch.tensor(rows, dtype=torch.float64).reshape(-1, 6)))
+        writer.submit(Batch(step, rank, records, slots, stats))
         # no flush: the writer thread writes the step while training goes on (waiting for it here
         # cost ~16 ms of a 16 ms step); close() writes what is queued
         writer.end_step(step)

@@ -40,11 +40,20 @@ except ImportError:  # pragma: no cover - orjson is a dependency
     _key_bytes = None
 
 
+#: texts of the flat values seen so far, kept across steps (a compiled graph's records carry the
+#: same flags every step); cleared when it holds _TEXTS_MAX of them
+_TEXTS: dict[Any, str] = {}
+_TEXTS_MAX = 1 << 16
+
+
 def _json_texts(values: list[Any], skip_empty: bool = False) -> list[str | None]:
     """``json.dumps`` of each value (None stays None; ``skip_empty``: falsy values are None too).
-    Equal scalars and equal flat dicts (scalar arguments and flags repeat a lot) are encoded once;
-    texts holding a non-finite number are never cached (NaN is not equal to itself)."""
-    cache: dict[Any, str] = {}
+    Equal scalars and equal flat dicts (scalar arguments and flags repeat a lot, within a step and
+    from step to step) are encoded once; texts holding a non-finite number are never cached (NaN is
+    not equal to itself)."""
+    cache = _TEXTS
+    if len(cache) > _TEXTS_MAX:
+        cache.clear()
     out: list[str | None] = []
     add = out.append
     dumps = json.dumps
@@ -124,14 +133,12 @@ def build_tables(cols: RecordColumns, n_scanned: int, scan_w: list[str], fp: dic
     _check_ints(stacks, "stack")
     ids_a = _ints(ids) if n_keep else np.zeros(0, "int64")
     flag_dicts = [f if type(f) is dict else None for f in flags]
+    heads_a = {k: pa.array(v, pa.string()) for k, v in
+               (("name", names), ("op", ops), ("level", levels), ("phase", phases), ("module", modules))}
     ops_t = pa.table({
         "seq": pa.array(np.arange(n_keep, dtype="int64")),
         "record_id": pa.array(ids_a),
-        "name": pa.array(names, pa.string()),
-        "op": pa.array(ops, pa.string()),
-        "level": pa.array(levels, pa.string()),
-        "phase": pa.array(phases, pa.string()),
-        "module": pa.array(modules, pa.string()),
+        **heads_a,
         "module_class": pa.array(mcls, pa.string()),
         "call_index": pa.array(_ints(cis) if n_keep else np.zeros(0, "int64")),
         "fwd": pa.array(fwds, pa.int64()), "stack": pa.array(stacks, pa.int64()),
@@ -160,14 +167,13 @@ def build_tables(cols: RecordColumns, n_scanned: int, scan_w: list[str], fp: dic
             _check_ints(v, what)
     if set(map(type, arg)) - {str}:
         arg = [str(a) for a in arg]
+    # one entry per record (a compiled graph's records: their output): the record columns as they are
+    one_each = n_rows == n_keep and bool((seqs == np.arange(n_rows)).all())
+    seqs_a = pa.array(seqs)
     tensors_t = pa.table({
-        "seq": pa.array(seqs),
+        "seq": seqs_a,
         "record_id": pa.array(ids_a[seqs] if n_rows else np.zeros(0, "int64")),
-        "name": pa.array(names, pa.string()).take(pa.array(seqs)),
-        "op": pa.array(ops, pa.string()).take(pa.array(seqs)),
-        "level": pa.array(levels, pa.string()).take(pa.array(seqs)),
-        "phase": pa.array(phases, pa.string()).take(pa.array(seqs)),
-        "module": pa.array(modules, pa.string()).take(pa.array(seqs)),
+        **(heads_a if one_each else {k: a.take(seqs_a) for k, a in heads_a.items()}),
         "io": pa.array(io, pa.string()),
         "arg": pa.array(arg, pa.string()),
         "kind": pa.array(kind, pa.string()),
