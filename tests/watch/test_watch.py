@@ -357,7 +357,8 @@ def test_the_snapshot_copied_while_the_step_runs_is_the_state_before_the_step(tm
     m, opt = make()
     snapshots._into_host = slow
     try:
-        with torchparity.watch(m, opt, output_dir=tmp_path, every=2) as w:
+        # snapshot_share=None: the slowed copy must not space the snapshots out (steps 0, 2, 4)
+        with torchparity.watch(m, opt, output_dir=tmp_path, every=2, snapshot_share=None) as w:
             for i, b in enumerate(data):
                 before = {k: v.detach().clone() for k, v in m.state_dict().items()}
                 before_opt = [v.clone() for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
@@ -373,3 +374,56 @@ def test_the_snapshot_copied_while_the_step_runs_is_the_state_before_the_step(tm
     assert seen_threads == {"torchparity-watch-snapshot"}
     assert same_bits(state(m, opt), state(m0, o0))
     assert torch.equal(m[1].running_mean, m0[1].running_mean)
+
+
+def test_a_costly_snapshot_spaces_the_snapshots_out_and_the_replay_still_finds_the_step(tmp_path):
+    """snapshot_share (default 0.02): a snapshot that costs more than 2 % of the steps between two
+    (and more than 50 ms) is taken less often, up to 10 x every; a NaN at step 12 is still replayed
+    from the last snapshot and found reproducible, and the report gives the interval used. A cheap
+    snapshot (the same model without the slowed copy) keeps exactly every K steps."""
+    import time
+
+    from torchparity.watch import snapshots
+
+    real = snapshots._into_host
+
+    def slow(t, old):
+        time.sleep(0.02)  # ~0.1 s per snapshot: far over 2 % of a ~1 ms step
+        return real(t, old)
+
+    snapshots._into_host = slow
+    try:
+        with pytest.raises(WatchTriggered):
+            _, _, w = _train(tmp_path, batches(14, bad=12), every=2)
+    finally:
+        snapshots._into_host = real
+    rep = json.loads((tmp_path / "w" / "watch-report.json").read_text())
+    assert rep["snapshot_interval"] == 20  # 10 x every: the longest it spaces them
+    assert rep["snapshot_step"] == 0 and [r["step"] for r in rep["replayed"]] == list(range(12))
+    assert rep["step"] == 12 and rep["reproducible"] is True
+    assert rep["root_cause"]["op"] == "aten.sqrt.default"
+
+    with pytest.raises(WatchTriggered):
+        _train(tmp_path / "cheap", batches(14, bad=12), every=2)
+    rep = json.loads((tmp_path / "cheap" / "w" / "watch-report.json").read_text())
+    assert rep["snapshot_interval"] == 2 and rep["snapshot_step"] == 12
+
+
+def test_snapshot_share_none_keeps_every_k_and_bad_values_are_one_line(tmp_path):
+    import time
+
+    from torchparity.watch import snapshots
+
+    real = snapshots._into_host
+    snapshots._into_host = lambda t, old: (time.sleep(0.02), real(t, old))[1]
+    try:
+        with pytest.raises(WatchTriggered):
+            _train(tmp_path, batches(8, bad=6), every=2, snapshot_share=None)
+    finally:
+        snapshots._into_host = real
+    rep = json.loads((tmp_path / "w" / "watch-report.json").read_text())
+    assert rep["snapshot_interval"] == 2 and rep["snapshot_step"] == 6
+    for bad in (0, 1, 1.5, -0.1, True, "2%"):
+        with pytest.raises(UsageError, match="snapshot_share must be a fraction"):
+            torchparity.watch(torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1),
+                              output_dir=tmp_path / "x", snapshot_share=bad)

@@ -53,7 +53,7 @@ class Watch:
         self.model, self.optimizer, self.scaler, self.options = model, optimizer, scaler, options
         self.tier = CheapTier(options.window, options.min_window, options.loss_spike, options.grad_spike,
                               scaler=scaler is not None)
-        self.history = History(options.every, options.memory_budget)
+        self.history = History(options.every, options.memory_budget, options.snapshot_share)
         self.step = 0
         self.triggers: list[Trigger] = []
         self.reports: list[dict[str, Any]] = []
@@ -71,6 +71,8 @@ class Watch:
             self.options.output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"watch: cannot create output_dir {self.options.output_dir} ({exc.strerror or exc})") from None
+        if _rank()[1] > 1:  # every rank must replay the same steps: one fixed interval for all
+            self.history.share = None
         self._hook = self.optimizer.register_step_pre_hook(self._pre_step)
         return self
 
@@ -216,7 +218,9 @@ def watch(model: torch.nn.Module, optimizer: Any, output_dir: str | Path | None 
     :param optimizer: its optimizer (one ``torch.optim.Optimizer``).
     :param output_dir: where the report, the re-run's dump and the replay case go.
     :param scaler: the ``torch.amp.GradScaler`` if the loop uses one (snapshotted with the rest).
-    :param options: ``every`` (snapshot every K steps; default 10), ``window`` (20), ``min_window``
+    :param options: ``every`` (snapshot every K steps; default 10), ``snapshot_share`` (0.02: a
+        snapshot costing more than 2 % of the steps between two spaces them further apart, up to
+        10 x ``every``, single process only; None: exactly every K steps), ``window`` (20), ``min_window``
         (5), ``loss_spike`` (10.0; None: off), ``grad_spike`` (10.0; None: off), ``memory_budget``
         (2GiB), ``on_trigger`` (``raise``, ``continue``, ``exit``), ``exit_code`` (3),
         ``reference`` (a backend for online compare in the re-run), ``max_triggers`` (1).

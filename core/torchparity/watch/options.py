@@ -39,6 +39,9 @@ class WatchOptions:
 
     output_dir: Path
     every: int = 10  # snapshot every K steps; the last K steps' batches and RNG states are kept
+    # a snapshot may cost at most this share of the steps between two: when it costs more (and more
+    # than 50 ms), the snapshots are spaced further apart (up to 10 x every); None: exactly every K
+    snapshot_share: float | None = 0.02
     window: int = 20  # running window of losses / gradient norms for the spike triggers
     min_window: int = 5  # spikes are judged once the window holds this many steps
     loss_spike: float | None = 10.0  # trigger when loss > loss_spike * max(|loss| in the window)
@@ -64,6 +67,10 @@ class WatchOptions:
             v = kw.get(name, getattr(cls, name))
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 1):
                 raise UsageError(f"watch: {name} must be a factor > 1, or None to turn that trigger off (got {v!r:.40})")
+        share = kw.get("snapshot_share", cls.snapshot_share)
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1):
+            raise UsageError(f"watch: snapshot_share must be a fraction between 0 and 1 (0.02: 2 %), or None to "
+                             f"snapshot exactly every K steps (got {share!r:.40})")
         if "memory_budget" in kw:
             kw["memory_budget"] = parse_bytes(kw["memory_budget"])
         on = kw.get("on_trigger", cls.on_trigger)

@@ -21,7 +21,7 @@ def build_report(trig: Trigger, conf: Confirmation, rank: int, world: int, histo
         "step": trig.step, "trigger": trig.to_dict(), "reproducible": conf.reproducible,
         "verdict": "reproducible" if conf.reproducible else "transient",
         "root_cause": conf.root_cause, "rank": rank, "world_size": world,
-        "snapshot_step": history.snapshot_step,
+        "snapshot_step": history.snapshot_step, "snapshot_interval": history.interval,
         "replayed": conf.replayed, "replay_consistent": all(r["same"] for r in conf.replayed),
         "rerun": conf.rerun, "dump": conf.dump, "case": conf.case,
         "snapshot_bytes": history.snapshot.nbytes if history.snapshot else 0, "host_bytes_peak": history.peak,

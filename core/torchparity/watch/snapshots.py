@@ -4,8 +4,10 @@ every K steps, and each later step's batch and RNG states (CPU, CUDA, Python, Nu
 from __future__ import annotations
 
 import copy
+import math
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +163,11 @@ class SnapshotJob:
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, scaler: Any, reuse: State | None = None,
                  background: bool = True) -> None:
+        t0 = time.perf_counter()
+        #: seconds this snapshot cost the run: its part on the training thread, and the background
+        #: copy's CPU time or the training thread's wait for it, whichever is longer (set by result())
+        self.cost = 0.0
+        self._copy_cpu = 0.0
         with tool_work(), torch.no_grad():
             sd = model.state_dict(keep_vars=True)
             param_ids = {id(p) for p in model.parameters()}
@@ -180,9 +187,11 @@ class SnapshotJob:
             self._thread.start()
         else:
             self._copy(*args)
+        self.cost = time.perf_counter() - t0
 
     def _copy(self, params: dict[str, torch.Tensor], old_m: dict[str, torch.Tensor], opt_sd: dict[str, Any],
               old_o: Any) -> None:
+        c0 = time.thread_time()
         try:
             with tool_work(), torch.no_grad():
                 m = {k: _into_host(v, old_m.get(k)) for k, v in params.items()}
@@ -199,12 +208,15 @@ class SnapshotJob:
             self._out = (m, o, event)
         except BaseException as exc:  # re-raised on the training thread by result()
             self._error = exc
+        self._copy_cpu = time.thread_time() - c0
 
     def result(self) -> State:
         """The snapshot (waits for the background copy)."""
         if self._thread is not None:
+            t0 = time.perf_counter()
             self._thread.join()
             self._thread = None
+            self.cost += max(self._copy_cpu, time.perf_counter() - t0)
         if self._error is not None:
             raise self._error
         assert self._out is not None
@@ -237,16 +249,28 @@ def restore_state(st: State, model: torch.nn.Module, optimizer: Any, scaler: Any
 
 
 class History:
-    """The snapshot taken every ``every`` steps and the steps run since, within ``budget`` bytes."""
+    """The snapshot taken every ``every`` steps (or less often, see :attr:`interval`) and the steps
+    run since, within ``budget`` bytes."""
 
-    def __init__(self, every: int, budget: int) -> None:
-        self.every, self.budget = every, budget
+    def __init__(self, every: int, budget: int, share: float | None = None, max_every: int | None = None,
+                 min_cost: float = 0.05) -> None:
+        self.every, self.budget, self.min_cost = every, budget, min_cost
+        #: a snapshot may cost at most this share of the steps between two snapshots (None: no bound)
+        self.share = share
+        self.max_every = max_every if max_every is not None else 10 * every
+        #: steps between snapshots now: ``every``, stretched (up to ``max_every``) when a snapshot
+        #: costs more than ``share`` of ``every`` steps
+        self.interval = every
+        self._cap = self.max_every  # the longest interval the memory budget allows (set at each snapshot)
         self.snapshot: State | None = None
         self.snapshot_step = -1
         self.steps: list[StepRecord] = []
         self.peak = 0  # the most host bytes held at once
         self._job: SnapshotJob | None = None
         self._snapshot_bytes = 0
+        self._snapshot_cost = 0.0  # seconds the last snapshot cost (SnapshotJob.cost)
+        self._step_time: float | None = None  # running mean of a step's wall time
+        self._last_begin: float | None = None
 
     @property
     def nbytes(self) -> int:
@@ -255,15 +279,24 @@ class History:
     def begin_step(self, step: int, batch: Any, model: torch.nn.Module, optimizer: Any, scaler: Any) -> StepRecord:
         """Before ``step`` runs: start a snapshot when one is due (finished by :meth:`settle`),
         keep the step's batch and RNG states."""
-        if self.snapshot is None and self._job is None or step - self.snapshot_step >= self.every:
+        now = time.perf_counter()
+        if self._last_begin is not None:
+            dt = now - self._last_begin
+            self._step_time = dt if self._step_time is None else 0.8 * self._step_time + 0.2 * dt
+        self._last_begin = now
+        if self.snapshot is None and self._job is None or step - self.snapshot_step >= self._due():
             self.settle()
             # checked before copying (the optimizer's state appears at its first step: at each snapshot)
-            need = (tree_bytes(model.state_dict()) + tree_bytes(optimizer.state_dict())
-                    + self.every * tree_bytes(batch))
+            state_bytes = tree_bytes(model.state_dict()) + tree_bytes(optimizer.state_dict())
+            batch_bytes = tree_bytes(batch)
+            need = state_bytes + self.every * batch_bytes
             if need > self.budget:
                 raise UsageError(f"watch: the snapshot and {self.every} kept batches need {need / 2**20:.1f} MiB on "
                                  f"the host, over memory_budget={self.budget / 2**20:.1f} MiB; raise memory_budget or "
                                  f"lower every")
+            # a stretched interval keeps more batches: no more than the budget holds
+            fit = (self.budget - state_bytes) // batch_bytes if batch_bytes else self.max_every
+            self._cap = max(self.every, min(self.max_every, int(fit)))
             old, self.snapshot, self.steps, self._snapshot_bytes = self.snapshot, None, [], 0
             self._job = SnapshotJob(model, optimizer, scaler, reuse=old)
             self.snapshot_step = step
@@ -278,7 +311,18 @@ class History:
             return
         job, self._job = self._job, None
         self.snapshot = job.result()
+        self._snapshot_cost = job.cost
         self._snapshot_bytes = self.snapshot.nbytes  # counted once, not at every step
+
+    def _due(self) -> int:
+        """Steps from one snapshot to the next: ``every``, or more when the last snapshot cost more
+        than ``share`` of the steps between (at most ``max_every`` and what the budget holds). A
+        snapshot that cost at most ``min_cost`` seconds never spaces them out (small models keep
+        exactly ``every``)."""
+        if self.share is not None and self._step_time and self._snapshot_cost > self.min_cost:
+            want = math.ceil(self._snapshot_cost / (self.share * self._step_time))
+            self.interval = max(self.every, min(self._cap, want))
+        return self.interval
 
     def note_peak(self) -> None:
         self.peak = max(self.peak, self.nbytes)
