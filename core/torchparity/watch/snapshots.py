@@ -164,10 +164,12 @@ class SnapshotJob:
     def __init__(self, model: torch.nn.Module, optimizer: Any, scaler: Any, reuse: State | None = None,
                  background: bool = True) -> None:
         t0 = time.perf_counter()
-        #: seconds this snapshot cost the run: its part on the training thread, and the background
-        #: copy's CPU time or the training thread's wait for it, whichever is longer (set by result())
+        #: seconds this snapshot costs the run, as estimated: its part on the training thread plus
+        #: the background copy's wall time (on the CPU the copy takes the memory bandwidth and cores
+        #: training uses for that long; its thread's own CPU time misses the intra-op threads doing
+        #: the copies; from a GPU the copies are asynchronous and the thread's time is short)
         self.cost = 0.0
-        self._copy_cpu = 0.0
+        self._copy_wall = 0.0
         with tool_work(), torch.no_grad():
             sd = model.state_dict(keep_vars=True)
             param_ids = {id(p) for p in model.parameters()}
@@ -191,7 +193,7 @@ class SnapshotJob:
 
     def _copy(self, params: dict[str, torch.Tensor], old_m: dict[str, torch.Tensor], opt_sd: dict[str, Any],
               old_o: Any) -> None:
-        c0 = time.thread_time()
+        c0 = time.perf_counter()
         try:
             with tool_work(), torch.no_grad():
                 m = {k: _into_host(v, old_m.get(k)) for k, v in params.items()}
@@ -208,15 +210,14 @@ class SnapshotJob:
             self._out = (m, o, event)
         except BaseException as exc:  # re-raised on the training thread by result()
             self._error = exc
-        self._copy_cpu = time.thread_time() - c0
+        self._copy_wall = time.perf_counter() - c0
 
     def result(self) -> State:
         """The snapshot (waits for the background copy)."""
         if self._thread is not None:
-            t0 = time.perf_counter()
             self._thread.join()
             self._thread = None
-            self.cost += max(self._copy_cpu, time.perf_counter() - t0)
+            self.cost += self._copy_wall
         if self._error is not None:
             raise self._error
         assert self._out is not None
