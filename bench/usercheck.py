@@ -9,8 +9,7 @@ download), in float32, bf16 and fp16 autocast + GradScaler, AdamW. For each:
 * ``compile``: the model ``torch.compile``d (Inductor on the CPU, one thread, ``fallback_random``)
   trained 2 steps without the tool and inside ``torchparity.dump(level="aten")``: bitwise equal;
   then ``torchparity.compare`` of an eager aten dump against the compiled dump: verdict counts and
-  the root cause (expected: none). fp16 autocast + GradScaler is run for the watch only (see the
-  printed note).
+  the root cause (expected: none).
 
 Prints one line per (model, precision, feature) and a Markdown table (``--out``). Exit 1 when a
 check fails.
@@ -107,9 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.models.split(","):
         for prec in a.precisions.split(","):
             for feat in a.features.split(","):
-                if feat == "compile" and prec == "fp16":
-                    rows.append((name, prec, feat, "n/a", "fp16 autocast + GradScaler under torch.compile: not run"))
-                    continue
                 t0 = time.perf_counter()
                 with tempfile.TemporaryDirectory() as tmp:
                     try:

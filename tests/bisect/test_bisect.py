@@ -132,3 +132,37 @@ def test_report_carries_the_compare_root_cause(tmp_path: Path) -> None:
     assert rep.compare_agreement == "confirmed" and "confirmed by experiment" in rep.summary()
     with pytest.raises(UsageError, match="has no compare.json"):
         torchparity.bisect(SCRIPT, entry="clean", compare_dir=tmp_path)
+
+
+def test_search_stops_at_max_culprits_when_many_units_are_needed() -> None:
+    from torchparity.bisect.search import Diffuse
+
+    calls = []
+
+    def fixes(sel: list) -> bool:  # every unit is needed
+        calls.append(sel)
+        return len(sel) == 64
+
+    with pytest.raises(Diffuse) as ei:
+        minimal_set(list(range(64)), fixes, max_culprits=5)
+    assert ei.value.found == [63, 62, 61, 60, 59]
+    assert len(calls) <= 5 * (math.log2(64) + 1)
+    assert minimal_set(list(range(32)), lambda s: {3, 20} <= set(s), max_culprits=2) in ([20, 3], [3, 20])
+
+
+def test_a_divergence_spread_over_every_block_is_diffuse_not_a_long_search(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """32 blocks that each add a little bf16 error: the search stops after --max-culprits modules
+    (it took 411 re-runs before the bound) with verdict diffuse, exit 1, and says why."""
+    script = str(Path(__file__).with_name("diffuse_script.py"))
+    with pytest.raises(SystemExit) as ex:
+        main(["bisect", script, "--max-culprits", "4", "-o", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert ex.value.code == 1
+    data = json.loads((tmp_path / "bisect-report.json").read_text())
+    assert data["verdict"] == "diffuse" and len(data["culprit_modules"]) == 4
+    assert data["error_after_promotion"] > data["tolerance"]
+    assert data["reruns"] <= 1 + 4 * (math.ceil(math.log2(data["n_modules"])) + 1)
+    assert "no small culprit set: 4 modules" in out and "spread over many modules" in out
+    with pytest.raises(UsageError, match="max culprits"):
+        torchparity.bisect(script, max_culprits=0)

@@ -16,7 +16,7 @@ from .judge import default_tolerance, flatten_outputs, output_error
 from .promote import OpKey, describe_op, op_key, target_context
 from .report import BisectReport, compare_root_cause
 from .script import call_entry, load_entry, pick_step
-from .search import Probe, minimal_set
+from .search import Diffuse, Probe, minimal_set
 
 TARGETS = ("emulated:bfloat16", "emulated:float16", "native")
 
@@ -32,7 +32,8 @@ def _check_target(target: str) -> str:
 
 def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str = "emulated:bfloat16",
            tolerance: float | None = None, promote_dtype: str = "float32", seed: int = 0,
-           output_dir: str | Path | None = None, compare_dir: str | Path | None = None) -> BisectReport:
+           output_dir: str | Path | None = None, compare_dir: str | Path | None = None,
+           max_culprits: int = 8) -> BisectReport:
     """Find the smallest set of modules, then ops, whose promotion removes a divergence.
 
     Args:
@@ -49,6 +50,8 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
         seed: seed of every run (Python, NumPy, torch).
         output_dir: where to write ``bisect-report.json`` (None: not written).
         compare_dir: a compare output directory whose root cause the report carries.
+        max_culprits: the search stops when this many modules (or ops) are found and do not yet
+            remove the divergence: verdict ``diffuse`` (spread over many units), with those found.
     """
     import torch
 
@@ -57,6 +60,8 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
         raise UsageError(f"bisect: promote dtype must be float32 or float64, got {promote_dtype!r}")
     if step < 0:
         raise UsageError(f"bisect: step must be >= 0, got {step}")
+    if isinstance(max_culprits, bool) or not isinstance(max_culprits, int) or max_culprits < 1:
+        raise UsageError(f"bisect: max culprits must be a whole number >= 1, got {max_culprits!r}")
     if tolerance is not None and not tolerance > 0:
         raise UsageError(f"bisect: tolerance must be a positive number, got {tolerance!r}")
     rc = compare_root_cause(compare_dir) if compare_dir is not None else None
@@ -116,7 +121,10 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
             cache[key] = probe("modules", sel, lambda c: c.module in chosen)
         return cache[key]
 
-    culprit_mods = minimal_set(mod_list, fixes_modules)
+    try:
+        culprit_mods = minimal_set(mod_list, fixes_modules, max_culprits)
+    except Diffuse as d:
+        return _diffuse(report, path, output_dir, d.found, [])
     in_mods = set(culprit_mods)
     op_list = [k for k in ops if k[0] in in_mods]
     op_cache: dict[frozenset, bool] = {}
@@ -128,13 +136,25 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
             op_cache[key] = probe("ops", [describe_op(k) for k in sel], lambda c: op_key(c) in chosen)
         return op_cache[key]
 
-    culprit_ops = minimal_set(op_list, fixes_ops) if op_list else []
+    try:
+        culprit_ops = minimal_set(op_list, fixes_ops, max_culprits) if op_list else []
+    except Diffuse as d:
+        return _diffuse(report, path, output_dir, culprit_mods, [describe_op(k) for k in d.found])
     report.verdict = "culprit"
     report.culprit_modules = sorted({k[0] for k in culprit_ops}, key=mod_list.index) or culprit_mods
     report.culprit_ops = [describe_op(k) for k in culprit_ops]
     # the last fixing probe is the culprit set itself (minimal_set verifies it, or it is the known-fixing set)
     fixing = [p for p in path if p.fixed]
     report.error_after_promotion = fixing[-1].error if fixing else None
+    return _finish(report, path, output_dir)
+
+
+def _diffuse(report: BisectReport, path: list[Probe], output_dir: str | Path | None, modules: list[str],
+             ops: list[str]) -> BisectReport:
+    """Verdict ``diffuse``: ``max_culprits`` units found one by one do not remove the divergence."""
+    report.verdict = "diffuse"
+    report.culprit_modules, report.culprit_ops = list(modules), ops
+    report.error_after_promotion = path[-1].error  # the re-run of the units found so far, together
     return _finish(report, path, output_dir)
 
 

@@ -17,7 +17,9 @@ class BisectReport:
 
     ``verdict``: ``culprit`` (a promoted set removes the divergence: ``culprit_modules`` /
     ``culprit_ops``), ``no_divergence`` (the target is within tolerance: nothing to bisect) or
-    ``not_precision`` (promoting everything does not remove it: not a precision problem).
+    ``not_precision`` (promoting everything does not remove it: not a precision problem) or
+    ``diffuse`` (more than ``max_culprits`` modules or ops are needed: the divergence is spread over
+    many of them; ``culprit_modules`` / ``culprit_ops`` hold those found, which do not suffice).
     """
 
     verdict: str
@@ -74,6 +76,14 @@ class BisectReport:
                 lines.append("(native target: promoted ops cast back to the 16-bit dtype, so what the tensors store "
                              "-- inputs, parameters, activations -- stays rounded; on the CPU, bf16 kernels already "
                              "accumulate in float32)")
+        elif self.verdict == "diffuse":
+            what = "ops" if self.culprit_ops else "modules"
+            found = self.culprit_ops or [m or "(top level)" for m in self.culprit_modules]
+            lines.append(f"no small culprit set: {len(found)} {what} found one by one ({'; '.join(found[:8])}"
+                         f"{'; ...' if len(found) > 8 else ''}) and promoting them together leaves error "
+                         f"{self.error_after_promotion:.4g}: the divergence is spread over many {what} (each "
+                         f"one's rounding adds up), not one culprit; raise --max-culprits to search on, or "
+                         f"compare the per-module errors of a dump")
         else:
             lines.append(f"culprit module(s): {', '.join(m or '(top level)' for m in self.culprit_modules)}")
             lines.append(f"culprit op(s): {'; '.join(self.culprit_ops)}")

@@ -9,7 +9,9 @@ units (modules in execution order, or ops):
 2. re-run with the culprits found so far alone: if that fixes, done (1 re-run); otherwise the
    remaining culprits are in ``units[:k-1]``: search again there.
 
-One culprit costs about ``log2 N + 1`` re-runs, ``c`` culprits ``c (log2 N + 1)``. It assumes that
+One culprit costs about ``log2 N + 1`` re-runs, ``c`` culprits ``c (log2 N + 1)``; a divergence
+spread over many units (every block's rounding adding up) would need a re-run count that grows
+with N, so the search stops after ``max_culprits`` of them (:class:`Diffuse`). It assumes that
 promoting more never brings a removed divergence back (monotonicity); every answer it gives was
 verified by a re-run (or is the full set, itself verified), so it never reports an unverified set.
 """
@@ -41,11 +43,22 @@ class SearchResult:
     probes: list[Probe] = field(default_factory=list)
 
 
-def minimal_set(units: Sequence[Hashable], fixes: Callable[[list], bool]) -> list:
+class Diffuse(Exception):
+    """More than ``max_culprits`` units are needed: the divergence is spread over many of them.
+    ``found`` holds the culprits found so far (each one needed with the ones before it)."""
+
+    def __init__(self, found: list) -> None:
+        super().__init__(f"{len(found)} culprits found and more needed")
+        self.found = found
+
+
+def minimal_set(units: Sequence[Hashable], fixes: Callable[[list], bool], max_culprits: int | None = None) -> list:
     """The culprits among ``units``: a small set whose promotion fixes the run.
 
     Preconditions (checked by the caller with real re-runs): promoting all ``units`` fixes, promoting
-    none does not. ``fixes`` is called at most ``c * (ceil(log2 N) + 1)`` times for ``c`` culprits.
+    none does not. ``fixes`` is called at most ``c * (ceil(log2 N) + 1)`` times for ``c`` culprits;
+    with ``max_culprits``, :class:`Diffuse` is raised once that many are found and do not suffice
+    (so at most ``max_culprits * (ceil(log2 N) + 1)`` calls).
     """
     rest = list(units)
     must: list = []
@@ -62,5 +75,7 @@ def minimal_set(units: Sequence[Hashable], fixes: Callable[[list], bool]) -> lis
         rest = rest[:hi - 1]
         if not rest or fixes(list(must)):  # with nothing left, must is the known-fixing set itself
             break
+        if max_culprits is not None and len(must) >= max_culprits:
+            raise Diffuse(must)
         hi = len(rest)
     return must

@@ -25,23 +25,27 @@ from . import EXIT_FINDINGS, EXIT_OK
               help="Directory for bisect-report.json.")
 @click.option("--compare", "compare_dir", default=None, type=click.Path(file_okay=False),
               help="A compare output directory (compare.json): its root cause is shown beside the bisect's.")
+@click.option("--max-culprits", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Stop when this many modules (or ops) are found and do not yet remove the divergence: "
+                   "verdict 'diffuse' (spread over many units), with those found.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def bisect(script: str, entry: str, step: int, target: str, tolerance: float | None, promote_dtype: str,
-           seed: int, output: str, compare_dir: str | None, as_json: bool) -> int:
+           seed: int, output: str, compare_dir: str | None, max_culprits: int, as_json: bool) -> int:
     """Prove which modules/ops cause a precision divergence by re-running them promoted.
 
     \b
     Example:
       torchparity bisect train.py --entry main --step 0 --target emulated:bfloat16 -o bisect-out
 
-    Exit codes: 0 no divergence to bisect, 1 a divergence (culprit found, or not a precision
-    problem), 2 bad input.
+    Exit codes: 0 no divergence to bisect, 1 a divergence (culprit found, spread over more than
+    --max-culprits units, or not a precision problem), 2 bad input.
     """
     import json
 
     from ..bisect import bisect as run_bisect
 
     rep = run_bisect(script, entry=entry, step=step, target=target, tolerance=tolerance,
-                     promote_dtype=promote_dtype, seed=seed, output_dir=output, compare_dir=compare_dir)
+                     promote_dtype=promote_dtype, seed=seed, output_dir=output, compare_dir=compare_dir,
+                     max_culprits=max_culprits)
     click.echo(json.dumps(rep.to_dict(), indent=1) if as_json else rep.summary())
     return EXIT_OK if rep.verdict == "no_divergence" else EXIT_FINDINGS
