@@ -185,3 +185,19 @@ def test_graph_break_captures_both_graphs(tmp_path):
     # each graph's backward nodes get the modules of that graph's forward (seq_nr restarts per graph)
     assert {("act", "aten.gelu_backward.default"), ("ln", "aten.native_layer_norm_backward.default"),
             ("fc1", "aten.mm.default"), ("fc2", "aten.mm.default")} <= bwd
+
+
+@pytest.mark.parametrize("when", ["close", "off"])
+def test_summaries_option_reaches_the_dump_writer(tmp_path, when):
+    """summaries="close"/"off" as for torchparity.dump: no Parquet work at each step's end; with
+    "close" they are all there after close(), with "off" none are, and the records are the same."""
+    base = _train(compile_backend(tmp_path / "step", inner="eager"))
+    got = _train(compile_backend(tmp_path / when, inner="eager", summaries=when))
+    assert base[0] == got[0]
+    assert _records(tmp_path / when) == _records(tmp_path / "step")
+    has_summary = (tmp_path / when / "summary").is_dir() and any((tmp_path / when / "summary").rglob("*.parquet"))
+    assert has_summary == (when == "close")
+    footer = json.loads((tmp_path / when / "step0" / "rank0" / "footer.json").read_text())
+    assert footer["summary"] is (when == "close")
+    with pytest.raises(UsageError, match="summaries must be one of step, close, off"):
+        compile_backend(tmp_path / "x", summaries="sometimes")

@@ -109,7 +109,8 @@ class CompileCapture:
 
     def __init__(self, output_dir: str | Path | None, *, mode: str = "statistics", inner: str = "inductor",
                  sink: Any = None, inductor_config: dict[str, Any] | None = None,
-                 graph_pass: Callable[[torch.fx.GraphModule, str], None] | None = None) -> None:
+                 graph_pass: Callable[[torch.fx.GraphModule, str], None] | None = None,
+                 summaries: str = "step") -> None:
         # ``sink`` (torchparity.dump's compiled-model bridge, compile/in_dump.py) takes each graph
         # run's records and extra outputs instead of this object's own dump
         if mode not in (_DUMP_MODES if sink is not None else _MODES):
@@ -124,6 +125,10 @@ class CompileCapture:
         if output_dir is not None and self.output_dir.exists() and not self.output_dir.is_dir():
             raise UsageError(f"compile_backend: output_dir {str(self.output_dir)!r} is a file, not a directory; "
                              f"pass a new or empty directory for the dump")
+        from ..dump.summary_live import SUMMARY_WHEN
+
+        if summaries not in SUMMARY_WHEN:
+            raise UsageError(f"compile_backend: summaries must be one of {', '.join(SUMMARY_WHEN)} (got {summaries!r:.40})")
         if graph_pass is not None and not callable(graph_pass):
             raise UsageError(f"compile_backend: graph_pass must be a function (graph_module, phase) -> None, "
                              f"not {type(graph_pass).__name__}")
@@ -139,7 +144,7 @@ class CompileCapture:
         self._hooks: list[Any] = []
         self.transfers = 0  # host transfers so far (one per device and dtype group per step)
         self.records_per_step: list[int] = []
-        self._dump = CompiledDump(self.output_dir, self.header) if sink is None else None
+        self._dump = CompiledDump(self.output_dir, self.header, summaries) if sink is None else None
 
     # --- torch.compile backend -------------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -271,7 +276,8 @@ class CompileCapture:
 
 
 def compile_backend(output_dir: str | Path, *, mode: str = "statistics", inner: str = "inductor",
-                    graph_pass: Callable[[torch.fx.GraphModule, str], None] | None = None) -> CompileCapture:
+                    graph_pass: Callable[[torch.fx.GraphModule, str], None] | None = None,
+                    summaries: str = "step") -> CompileCapture:
     """A ``torch.compile`` backend capturing statistics inside the compiled graphs::
 
         cap = torchparity.compile_backend("dumps/compiled")
@@ -284,5 +290,8 @@ def compile_backend(output_dir: str | Path, *, mode: str = "statistics", inner: 
     ``"forward"``/``"backward"``) before the capture instruments it: it may change the graph in
     place (e.g. :func:`torchparity.compile.faults.scale_module_output`, a planted numeric fault
     for tests), and its changes are what runs and what is captured.
+
+    ``summaries``: when the dump's Parquet summaries are written, as for :func:`torchparity.dump`:
+    ``step`` (at each step's end, on the writer thread), ``close`` or ``off``.
     """
-    return CompileCapture(output_dir, mode=mode, inner=inner, graph_pass=graph_pass)
+    return CompileCapture(output_dir, mode=mode, inner=inner, graph_pass=graph_pass, summaries=summaries)

@@ -23,8 +23,9 @@ class CompiledDump:
     """Step by step, the records of one :class:`~torchparity.compile.backend.CompileCapture`.
     The writer starts with the first step written (nothing is created before)."""
 
-    def __init__(self, root: Path, compile_header: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, root: Path, compile_header: Callable[[], dict[str, Any]], summaries: str = "step") -> None:
         self.root = root
+        self.summaries = summaries
         self.compile_header = compile_header
         self._writer: Any = None
         self._rank = 0
@@ -38,7 +39,8 @@ class CompiledDump:
                   "mode": "statistics", "checksum": None, "world_size": world_size(),
                   "torch_version": torch.__version__}
         self._writer = DumpWriter(self.root, header, rank=self._rank,
-                                  step_header=lambda step: {"compile": self.compile_header()})
+                                  step_header=lambda step: {"compile": self.compile_header()},
+                                  summaries=self.summaries)
         return self._writer
 
     def write_step(self, step: int, captured: list[NodeRecord], stats: torch.Tensor) -> int:
