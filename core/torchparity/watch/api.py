@@ -188,6 +188,7 @@ class Watch:
                            self.options.output_dir, rank, self.options.reference)
         finally:
             restore_state(after, self.model, self.optimizer, self.scaler)  # the run goes on as if unwatched
+            self.history.pause_timing()  # the replay is not a step: keep it out of the step time
         report = build_report(trig, conf, rank, world, self.history)
         write_report(report, self.options.output_dir, rank, len(self.reports))
         self.reports.append(report)

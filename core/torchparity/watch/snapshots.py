@@ -315,6 +315,10 @@ class History:
         self._snapshot_cost = job.cost
         self._snapshot_bytes = self.snapshot.nbytes  # counted once, not at every step
 
+    def pause_timing(self) -> None:
+        """The time until the next step begins is not a step's (a replay ran): do not count it."""
+        self._last_begin = None
+
     def _due(self) -> int:
         """Steps from one snapshot to the next: ``every``, or more when the last snapshot cost more
         than ``share`` of the steps between (at most ``max_every`` and what the budget holds). A
