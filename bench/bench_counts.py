@@ -188,6 +188,48 @@ def timing_table(rounds: int, steps: int) -> str:
     return "\n".join(lines)
 
 
+def compiled_counts(steps: int) -> str:
+    """The compiled capture's accelerator path (``compile_backend(device_stats=True)``, Inductor) on
+    the bench model: values measured, kernels the statistics launch (the batcher's staging copies
+    and flushes, seen by a :class:`Counter` entered inside them: a mode around the step would keep
+    Dynamo from compiling), scalar reads and host transfers per step."""
+    import tempfile
+
+    from torchparity.capture.stat_batch import StatBatcher
+
+    b = Bench("cpu")
+    counter = Counter()
+    values = [0]
+    real_add, real_flush = StatBatcher.add, StatBatcher.flush
+
+    def add(self: StatBatcher, v: torch.Tensor) -> Any:
+        values[0] += 1
+        with counter:
+            return real_add(self, v)
+
+    def flush(self: StatBatcher) -> None:
+        with counter:
+            real_flush(self)
+
+    cap = torchparity.compile_backend(tempfile.mkdtemp(), inner="inductor", device_stats=True)
+    cap.attach(b.opt)
+    b.model = torch.compile(b.model, backend=cap)
+    b.step()  # compile, and the first step
+    StatBatcher.add, StatBatcher.flush = add, flush  # type: ignore[method-assign]
+    try:
+        t0 = cap.transfers
+        for _ in range(steps):
+            b.step()
+    finally:
+        StatBatcher.add, StatBatcher.flush = real_add, real_flush  # type: ignore[method-assign]
+        cap.close()
+    n = max(values[0], 1)
+    kernels = counter.kernels - counter.allocs
+    return ("| model | values/step | tool kernels/value | scalar reads/step | host transfers/step |\n|---|---|---|---|---|\n"
+            f"| bench model, compiled (Inductor) | {values[0] / steps:.0f} | {kernels / n:.2f} | "
+            f"{counter.scalars / steps:.0f} | {(cap.transfers - t0) / steps:.0f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="bench,llama", help="comma list: bench, llama")
@@ -196,7 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="steps counted per configuration")
     ap.add_argument("--timing", action="store_true", help="also time aten+statistics, device_stats off/on")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds (with --timing)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="only the compiled capture's accelerator path (compile_backend(device_stats=True))")
     a = ap.parse_args(argv)
+    if a.compiled:
+        print(f"machine: {machine()}\n\nCompiled capture, per step over {a.steps} steps, device_stats=True on the CPU:\n")
+        print(compiled_counts(a.steps))
+        return 0
     torch.manual_seed(0)
     models: dict[str, tuple[Callable[[], Any], torch.nn.Module, str]] = {}
     for m in a.models.split(","):

@@ -3,6 +3,7 @@ compiled forward and backward graphs and writes them as a torchparity dump (docs
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any, Callable
@@ -10,8 +11,11 @@ from typing import Any, Callable
 import torch
 
 from ..errors import UsageError
+from ..capture.session import StatRows
+from ..capture.stat_batch import RowRef, StatBatcher
 from .instrument import Instrumented, instrument
 from .records import NodeRecord
+from .stats_op import collecting
 from .writer import CompiledDump
 
 _MODES = ("statistics",)
@@ -83,17 +87,24 @@ class _Wrapped:
         # graph inputs are tensors and symbols, never lists, so the two cannot be confused.
         boxed = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
         shapes = self._info.concrete_shapes(boxed)  # before the call: a boxed callee frees its inputs
-        sink = self._capture.sink
-        if sink is None:
+        cap = self._capture
+        sink = cap.sink
+        refs: list[Any] | None = None
+        with contextlib.ExitStack() as stack:
+            if cap.batcher is not None:  # statistics: accelerator values go to the capture's batcher
+                refs = [None] * len(self._info.records)
+                stack.enter_context(collecting(cap.batcher, refs, cpu_too=cap.device_stats is True))
+            if sink is not None:  # inside torchparity.dump: its eager capture must not see the graph's own kernels
+                stack.enter_context(sink.paused())
             outs = self._compiled(boxed)
-        else:  # inside torchparity.dump: its eager capture must not see the graph's own kernels
-            with sink.paused():
-                outs = self._compiled(boxed)
         n = self._info.n_outputs
-        if n < 0:  # the graph returned a single value
-            self._capture._collect(self._info.records, list(outs[1:]), shapes)
+        single = n < 0
+        extra = list(outs[1:] if single else outs[n:])
+        if refs is not None:  # a batched value's row is its RowRef, not the op's placeholder output
+            extra = [r if r is not None else e for r, e in zip(refs, extra)]
+        cap._collect(self._info.records, extra, shapes)
+        if single:  # the graph returned a single value
             return outs[0]
-        self._capture._collect(self._info.records, list(outs[n:]), shapes)
         return type(outs)(outs[:n]) if isinstance(outs, tuple) else list(outs[:n])
 
     def __getattr__(self, name: str) -> Any:
@@ -110,7 +121,7 @@ class CompileCapture:
     def __init__(self, output_dir: str | Path | None, *, mode: str = "statistics", inner: str = "inductor",
                  sink: Any = None, inductor_config: dict[str, Any] | None = None,
                  graph_pass: Callable[[torch.fx.GraphModule, str], None] | None = None,
-                 summaries: str = "step") -> None:
+                 summaries: str = "step", device_stats: bool | None = None) -> None:
         # ``sink`` (torchparity.dump's compiled-model bridge, compile/in_dump.py) takes each graph
         # run's records and extra outputs instead of this object's own dump
         if mode not in (_DUMP_MODES if sink is not None else _MODES):
@@ -143,8 +154,13 @@ class CompileCapture:
         self._graphs = {"forward": 0, "backward": 0}
         self._hooks: list[Any] = []
         self.transfers = 0  # host transfers so far (one per device and dtype group per step)
+        self._flushes_seen = 0
         self.records_per_step: list[int] = []
         self._dump = CompiledDump(self.output_dir, self.header, summaries) if sink is None else None
+        #: statistics of accelerator values: batched (None, the default), of every value, CPU ones
+        #: too (True: the counting bench and the tests), or per value on the device (False)
+        self.device_stats = device_stats
+        self.batcher: StatBatcher | None = StatBatcher() if mode == "statistics" and device_stats is not False else None
 
     # --- torch.compile backend -------------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -201,14 +217,39 @@ class CompileCapture:
             self._skipped[reason] = self._skipped.get(reason, 0) + n
         return info
 
-    def _collect(self, records: list[NodeRecord], stats: list[torch.Tensor],
+    def _collect(self, records: list[NodeRecord], stats: list[Any],
                  shapes: dict[int, tuple[list[int], list[int]]] | None = None) -> None:
-        """Keep one graph run's statistics (device tensors; no host sync here) and, for records
-        of symbolic size, this run's shapes."""
+        """Keep one graph run's statistics (device tensors or batcher rows; no host sync here)
+        and, for records of symbolic size, this run's shapes."""
+        stats = [s if isinstance(s, RowRef) else s.detach() for s in stats]
         if self.sink is not None:
-            self.sink.collect(records, [s.detach() for s in stats], shapes)
+            self.sink.collect(records, stats, shapes)
             return
-        self._buffer.append((records, [s.detach() for s in stats], shapes))
+        self._buffer.append((records, stats, shapes))
+
+    def host_rows(self, items: list[Any]) -> Any:
+        """The step's statistics for the writer: a float64 ``[n, 6]`` host tensor (one transfer per
+        device and dtype), or, when batcher rows are among them, a
+        :class:`~..capture.session.StatRows` (the batcher is flushed here: its transfers start;
+        the writer thread waits for them)."""
+        if any(isinstance(s, RowRef) for s in items):
+            assert self.batcher is not None
+            self.batcher.flush()
+            self.transfers += self.batcher.flushes - self._flushes_seen
+            self._flushes_seen = self.batcher.flushes
+            return StatRows([s if isinstance(s, RowRef) else s.to("cpu", torch.float64).tolist() for s in items])
+        host = torch.empty((len(items), 6), dtype=torch.float64)
+        by_dev: dict[tuple[Any, Any], list[int]] = {}
+        for i, s in enumerate(items):
+            by_dev.setdefault((s.device, s.dtype), []).append(i)
+        for idx in by_dev.values():
+            rows = torch.stack([items[i] for i in idx]).to("cpu", torch.float64)
+            self.transfers += 1
+            if len(idx) == len(items):  # one device and dtype: the rows are the step's table
+                host = rows
+            else:
+                host[torch.tensor(idx)] = rows
+        return host
 
     # --- steps -------------------------------------------------------------------------------
     def attach(self, optimizer: torch.optim.Optimizer) -> "CompileCapture":
@@ -223,19 +264,7 @@ class CompileCapture:
         if not buf:
             self.step_index += 1
             return 0
-        flat = [s for _, stats, _ in buf for s in stats]
-        host = torch.empty((len(flat), 6), dtype=torch.float64)
-        if flat:
-            by_dev: dict[tuple[Any, Any], list[int]] = {}
-            for i, s in enumerate(flat):
-                by_dev.setdefault((s.device, s.dtype), []).append(i)
-            for idx in by_dev.values():
-                rows = torch.stack([flat[i] for i in idx]).to("cpu", torch.float64)
-                self.transfers += 1
-                if len(idx) == len(flat):  # one device and dtype: the rows are the step's table
-                    host = rows
-                else:
-                    host[torch.tensor(idx)] = rows
+        host = self.host_rows([s for _, stats, _ in buf for s in stats])
         captured: list[NodeRecord] = []
         for records, _, shapes in buf:
             if not shapes:
@@ -277,7 +306,7 @@ class CompileCapture:
 
 def compile_backend(output_dir: str | Path, *, mode: str = "statistics", inner: str = "inductor",
                     graph_pass: Callable[[torch.fx.GraphModule, str], None] | None = None,
-                    summaries: str = "step") -> CompileCapture:
+                    summaries: str = "step", device_stats: bool | None = None) -> CompileCapture:
     """A ``torch.compile`` backend capturing statistics inside the compiled graphs::
 
         cap = torchparity.compile_backend("dumps/compiled")
@@ -293,5 +322,11 @@ def compile_backend(output_dir: str | Path, *, mode: str = "statistics", inner: 
 
     ``summaries``: when the dump's Parquet summaries are written, as for :func:`torchparity.dump`:
     ``step`` (at each step's end, on the writer thread), ``close`` or ``off``.
+
+    ``device_stats``: the statistics of accelerator values are batched (None, the default: one
+    copy kernel per value into a staging buffer, a constant number of kernels per flush, the rows
+    read by the writer thread); ``True`` batches CPU values too (what the counting bench and the
+    tests use to run the accelerator path here); ``False`` reduces each value on its device.
     """
-    return CompileCapture(output_dir, mode=mode, inner=inner, graph_pass=graph_pass, summaries=summaries)
+    return CompileCapture(output_dir, mode=mode, inner=inner, graph_pass=graph_pass, summaries=summaries,
+                          device_stats=device_stats)

@@ -200,13 +200,16 @@ class CompiledInDump:
         s = self.session
         prev, s.busy = s.busy, True
         try:
-            host = self._to_host(vals)
-            s.flush()  # the eager records so far first
-            if self.mode == "statistics":
+            if self.mode == "statistics":  # batcher rows (flushed here) or one transfer per device and dtype
+                before = self.capture.transfers
+                rows = self.capture.host_rows(vals)
+                self.transfers += self.capture.transfers - before
+                s.flush()  # the eager records so far first
                 slots = [r.tensors[0] for r in recs]
-                rows = torch.tensor([h.tolist() for h in host], dtype=torch.float64).reshape(-1, 6)
                 self.writer.submit(Batch(s.step, current_rank(), recs, slots, rows))
             else:
+                host = self._to_host(vals)
+                s.flush()  # the eager records so far first
                 for r, h in zip(recs, host):
                     e = r.tensors[0]
                     r.tensors = s.describe([("0", h)], "output", r.id, link=False)

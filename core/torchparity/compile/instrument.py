@@ -172,11 +172,12 @@ def _add(graph: torch.fx.Graph, mode: Any, target: Any, *args: Any) -> torch.fx.
     return node
 
 
-def _stats_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
-    """One opaque :mod:`.stats_op` node (see there why not the reductions as graph nodes)."""
+def _stats_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torch.dtype, slot: int) -> torch.fx.Node:
+    """One opaque :mod:`.stats_op` node (see there why not the reductions as graph nodes);
+    ``slot``: the record's index in the graph's records (where a batched row goes)."""
     from .stats_op import value_stats_op
 
-    return _add(graph, mode, value_stats_op(), v)
+    return _add(graph, mode, value_stats_op(), v, slot)
 
 
 def _stats_as_graph_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
@@ -267,7 +268,7 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
             skip("empty tensor")
             continue
         with graph.inserting_before(out_node):
-            extra.append(node if values else _stats_nodes(graph, mode, node, val.dtype))
+            extra.append(node if values else _stats_nodes(graph, mode, node, val.dtype, len(res.records)))
         shp, st = [_dim(x) for x in val.shape], [_dim(x) for x in val.stride()]
         if not all(isinstance(x, int) for x in shp + st):
             res.symbolic[len(res.records)] = (shp, st)

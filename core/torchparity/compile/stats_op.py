@@ -11,23 +11,50 @@ of the user's kernels.
 On the CPU the op computes what the eager capture computes (:func:`..capture.stats.host_stats`:
 three passes, NaN/Inf counted only when an extreme is not finite; reading a CPU scalar costs no
 sync) and returns it in float64, so a value equal in a compiled and an eager run has equal
-statistics. Elsewhere it is the device-side ``stats_tensor`` reductions: no host sync per value.
+statistics. On an accelerator, inside a capture's graph run (:func:`collecting`), the value goes
+to the capture's :class:`~..capture.stat_batch.StatBatcher` -- one copy kernel into its staging
+buffer, the reductions of many values at once when it flushes, no host sync -- and the op returns
+an uninitialised placeholder (the row is the batcher's, found by the node's ``slot``). Outside a
+capture run it takes the device-side ``stats_tensor`` reductions (no host sync either).
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
 
 import torch
 
 from ..capture.stats import host_stats
 
 _LIB: torch.library.Library | None = None
+#: the graph run being captured on this thread (the autograd engine runs a CUDA backward graph
+#: on its own device thread): its batcher, the refs list indexed by slot, and the CPU policy
+_RUN = threading.local()
+
+
+@contextlib.contextmanager
+def collecting(batcher: Any, refs: list[Any], cpu_too: bool = False) -> Iterator[None]:
+    """Within: ``value_stats(x, slot)`` of an accelerator value (or of any value with ``cpu_too``)
+    is queued on ``batcher`` and its :class:`~..capture.stat_batch.RowRef` put at ``refs[slot]``."""
+    prev = getattr(_RUN, "batch", None)
+    _RUN.batch = (batcher, refs, cpu_too)
+    try:
+        yield
+    finally:
+        _RUN.batch = prev
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 or x.device.type == "cpu" else torch.float32
 
 
-def _value_stats(x: torch.Tensor) -> torch.Tensor:
+def _value_stats(x: torch.Tensor, slot: int = -1) -> torch.Tensor:
+    run = getattr(_RUN, "batch", None)
+    if run is not None and slot >= 0 and (x.device.type != "cpu" or run[2]):
+        run[1][slot] = run[0].add(x)
+        return torch.empty((6,), dtype=_acc(x), device=x.device)  # a placeholder: no kernel
     if x.device.type == "cpu":
         vals = host_stats(x)
         if vals is None:  # empty
@@ -41,7 +68,7 @@ def _value_stats(x: torch.Tensor) -> torch.Tensor:
                         torch.isinf(x).sum().to(f.dtype)])
 
 
-def _value_stats_meta(x: torch.Tensor) -> torch.Tensor:
+def _value_stats_meta(x: torch.Tensor, slot: int = -1) -> torch.Tensor:
     return torch.empty((6,), dtype=_acc(x), device=x.device)
 
 
@@ -50,7 +77,7 @@ def value_stats_op() -> torch._ops.OpOverload:
     global _LIB
     if _LIB is None:
         lib = torch.library.Library("torchparity", "DEF")
-        lib.define("value_stats(Tensor x) -> Tensor")
+        lib.define("value_stats(Tensor x, int slot=-1) -> Tensor")
         lib.impl("value_stats", _value_stats, "CompositeExplicitAutograd")
         lib.impl("value_stats", _value_stats_meta, "Meta")
         _LIB = lib

@@ -1,0 +1,129 @@
+"""The accelerator path of the compiled capture's statistics, run on the CPU (``device_stats=True``):
+each value is queued on a StatBatcher (one copy kernel), the step's rows come from one flush (a
+constant number of kernels, one transfer), no host read per value; and the rows agree with the
+per-value host statistics."""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchparity.capture.stat_batch import StatBatcher
+from torchparity.compile import compile_backend
+
+pytestmark = pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 2),
+                                reason="the compile backend needs torch >= 2.2 (AOTAutograd node metadata)")
+
+_NOT_KERNELS = ("aten.empty", "aten.view", "aten.slice", "aten.detach", "aten.alias", "aten._unsafe_view",
+                "aten.as_strided", "aten.lift_fresh", "aten.unsqueeze", "aten.select")
+
+
+class Deep(nn.Module):
+    def __init__(self, n: int = 6) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(16, 16) for _ in range(n)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.nn.functional.gelu(layer(x))
+        return x
+
+
+def _train(backend, steps: int = 2, nan_at: int | None = None):
+    torch.manual_seed(0)
+    m = Deep()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    torch._dynamo.reset()
+    run = torch.compile(m, backend=backend)
+    if hasattr(backend, "attach"):
+        backend.attach(opt)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    losses = []
+    for i in range(steps):
+        opt.zero_grad()
+        xi = x.clone()
+        if nan_at == i:
+            xi[0, 0] = float("nan")
+        loss = run(xi).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    if hasattr(backend, "close"):
+        backend.close()
+    return losses, [p.detach().clone() for p in m.parameters()]
+
+
+def _records(path, step: int = 0):
+    return [json.loads(line) for line in (path / f"step{step}" / "rank0" / "records.jsonl").read_text().splitlines()]
+
+
+def test_batched_rows_agree_with_host_statistics_and_numerics_are_unchanged(tmp_path):
+    base = _train("aot_eager")
+    host = _train(compile_backend(tmp_path / "host", inner="eager"))
+    batched = _train(compile_backend(tmp_path / "batched", inner="eager", device_stats=True))
+    assert base[0] == host[0] == batched[0]
+    assert all(torch.equal(a, b) for a, b in zip(base[1], batched[1]))
+    for step in (0, 1):
+        h, b = _records(tmp_path / "host", step), _records(tmp_path / "batched", step)
+        assert [r["name"] for r in h] == [r["name"] for r in b] and len(h) > 30
+        for rh, rb in zip(h, b):
+            sh, sb = rh["tensors"][0]["stats"], rb["tensors"][0]["stats"]
+            assert sh["max"] == sb["max"] and sh["min"] == sb["min"], rh["name"]
+            assert sh["nan"] == sb["nan"] == 0 and sh["inf"] == sb["inf"] == 0
+            for k in ("mean", "norm"):
+                assert math.isclose(sh[k], sb[k], rel_tol=1e-5, abs_tol=1e-7), (rh["name"], k, sh[k], sb[k])
+
+
+def test_batched_rows_count_nan_exactly(tmp_path):
+    _train(compile_backend(tmp_path / "b", inner="eager", device_stats=True), steps=2, nan_at=1)
+    first = _records(tmp_path / "b", 1)[0]  # the first layer's matmul: one NaN row of 8x16 -> 16 NaN
+    st = first["tensors"][0]["stats"]
+    assert st["nan"] == 16.0 and st["inf"] == 0 and math.isnan(float(st["max"]))  # JSON writes NaN as "NaN"
+
+
+class _Count(TorchDispatchMode):
+    """Counts the ops dispatched while it is on: entered inside the batcher's ``add`` (the one call
+    the statistics op makes per value on this path) and ``flush``. (A mode around the whole step
+    would keep Dynamo from compiling at all.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values = 0
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if not name.startswith(_NOT_KERNELS):
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_at_most_two_kernels_per_value_and_no_host_read_per_value(tmp_path, monkeypatch):
+    counter = _Count()
+    real_add, real_flush = StatBatcher.add, StatBatcher.flush
+
+    def add(self, v):
+        counter.values += 1
+        with counter:
+            return real_add(self, v)
+
+    def flush(self):
+        with counter:
+            return real_flush(self)
+
+    monkeypatch.setattr(StatBatcher, "add", add)
+    monkeypatch.setattr(StatBatcher, "flush", flush)
+    cap = compile_backend(tmp_path / "c", inner="eager", device_stats=True)
+    _train(cap, steps=3)
+    kernels = sum(counter.ops.values())
+    assert counter.values > 90  # 3 steps x (forward + backward values)
+    assert kernels / counter.values <= 2.0, (kernels, counter.values, counter.ops)
+    assert counter.ops["aten.copy_.default"] >= counter.values  # one staging copy per value (and the flush's)
+    assert not any(k.startswith(("aten._local_scalar_dense", "aten.item")) for k in counter.ops)
+    assert cap.transfers == 3  # one flush, one transfer, per step
