@@ -130,3 +130,40 @@ def test_the_users_own_global_hooks_still_fire_in_the_compiled_call_and_the_tool
     assert "Linear" in seen  # the user's hook ran for the compiled model's modules
     mm = torch.nn.modules.module
     assert not mm._global_forward_hooks and not mm._global_forward_pre_hooks  # the dump's hooks are gone
+
+
+def test_device_stats_of_the_dump_batch_the_compiled_graphs_statistics_too(tmp_path, monkeypatch):
+    """torchparity.dump(device_stats=True) runs the accelerator path on the CPU for the eager ops;
+    the compiled graphs' values go through a StatBatcher too (counted), the numerics stay bitwise
+    and the statistics agree with the host path's."""
+    from torchparity.capture.stat_batch import StatBatcher
+
+    added = []
+    real_add = StatBatcher.add
+    monkeypatch.setattr(StatBatcher, "add", lambda self, v: (added.append(v.numel()), real_add(self, v))[1])
+
+    def run(out, device_stats):
+        torch.manual_seed(0)
+        m = Small()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        torch._dynamo.reset()
+        c = torch.compile(m, backend="aot_eager")
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+        with torchparity.dump(out, model=c, level="aten", device_stats=device_stats):
+            for _ in range(2):
+                opt.zero_grad()
+                ((c(x) - 1) ** 2).mean().backward()
+                opt.step()
+        df = torchparity.load_dump(out)
+        flags = df["flags"].map(lambda f: (json.loads(f) if isinstance(f, str) else f) or {})
+        return df[flags.map(lambda f: bool(f.get("compiled")))].reset_index(drop=True), \
+            [p.detach().clone() for p in m.parameters()]
+
+    host, p_host = run(tmp_path / "h", False)
+    n_host = len(added)
+    batched, p_batched = run(tmp_path / "b", True)
+    assert _same(p_host, p_batched)
+    assert len(added) - n_host >= len(batched) > 10  # every compiled value (and the eager ops') batched
+    assert list(host.name) == list(batched.name)
+    assert (host["max"] == batched["max"]).all() and (host["min"] == batched["min"]).all()
+    assert ((host["norm"] - batched["norm"]).abs() <= 1e-5 * host["norm"].abs() + 1e-7).all()

@@ -93,7 +93,9 @@ class CompiledInDump:
         self.session = session
         self.writer = writer
         self.mode = session.options.mode
-        self.capture = CompileCapture(None, mode=self.mode, inner=inner, sink=self, inductor_config=config)
+        # the dump's device_stats=True (CPU values through the accelerator path) holds in the graphs too
+        self.capture = CompileCapture(None, mode=self.mode, inner=inner, sink=self, inductor_config=config,
+                                      device_stats=True if session.options.device_stats else None)
         # built before the dump's global hooks exist: Dynamo then traces forward itself
         self._compiled = torch.compile(model._orig_mod, backend=self.capture)
         self._saved_forward: Any = None
