@@ -127,3 +127,17 @@ def test_at_most_two_kernels_per_value_and_no_host_read_per_value(tmp_path, monk
     assert counter.ops["aten.copy_.default"] >= counter.values  # one staging copy per value (and the flush's)
     assert not any(k.startswith(("aten._local_scalar_dense", "aten.item")) for k in counter.ops)
     assert cap.transfers == 3  # one flush, one transfer, per step
+
+
+def test_a_value_the_batcher_does_not_take_is_measured_by_the_op_itself():
+    """An empty value at run time (a dynamic shape of 0): no staging row, so the op computes its
+    own (NaN) row rather than handing back its uninitialised placeholder."""
+    from torchparity.compile.stats_op import collecting, value_stats_op
+
+    op = value_stats_op()
+    refs = [None, None]
+    with collecting(StatBatcher(), refs, cpu_too=True):
+        staged = op(torch.ones(3), 0)
+        empty = op(torch.ones(0), 1)
+    assert refs[0] is not None and refs[1] is None
+    assert empty.isnan().all() and staged.shape == (6,)

@@ -53,8 +53,10 @@ def _acc(x: torch.Tensor) -> torch.dtype:
 def _value_stats(x: torch.Tensor, slot: int = -1) -> torch.Tensor:
     run = getattr(_RUN, "batch", None)
     if run is not None and slot >= 0 and (x.device.type != "cpu" or run[2]):
-        run[1][slot] = run[0].add(x)
-        return torch.empty((6,), dtype=_acc(x), device=x.device)  # a placeholder: no kernel
+        ref = run[0].add(x)
+        if ref is not None:  # None: nothing to stage (an empty value at run time): measured below
+            run[1][slot] = ref
+            return torch.empty((6,), dtype=_acc(x), device=x.device)  # a placeholder: no kernel
     if x.device.type == "cpu":
         vals = host_stats(x)
         if vals is None:  # empty
