@@ -6,6 +6,8 @@
 #   PART=gpu: install, `torchparity plugins`, backend + tracker tests, gpu_checks, cuda benches
 #   PART=cpu: cProfile of the cuda dump/tracker, then the CPU benchmarks on the machine's 16 idle
 #             cores (no msprobe there: it is not installable offline)
+#   PART=issues17_18: the compile and watch tests on a CUDA machine (their CUDA cases run there),
+#             bench_compile, bench_watch (bench model and ~100M Llama) with --device cuda
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -15,7 +17,13 @@ out=${2:-${OUT:-bench/results/device}}
 mkdir -p "$out"
 python -m pip install --no-deps --no-index -q --root-user-action=ignore dist/*.whl 2>&1 | tail -2
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
-if [ "$part" = issue15 ]; then
+if [ "$part" = issues17_18 ]; then
+  python -m pytest -q -p no:cacheprovider tests/compile tests/watch 2>&1 | tail -5 | tee "$out/pytest_17_18.txt"
+  python bench/bench_compile.py --device cuda --rounds 5 --steps 5 --out "$out/compile_cuda.md" 2>&1 | grep -E '^\|'
+  python bench/bench_watch.py --device cuda --rounds 5 --steps 10 --out "$out/watch_cuda.md" 2>&1 | grep -E 'Amortized|^\|'
+  python bench/bench_watch.py --device cuda --model llama100m --rounds 5 --steps 10 \
+    --out "$out/watch_llama100m_cuda.md" 2>&1 | grep -E 'Amortized|^\|'
+elif [ "$part" = issue15 ]; then
   python -m pytest -q -p no:cacheprovider tests/capture tests/online/test_naninf_stream.py \
     tests/online/test_compare_stream.py 2>&1 | tail -5 | tee "$out/pytest_issue15.txt"
   python bench/bench_stream.py --device cuda --model bench --rounds 5 --online --out "$out/stream_cuda.md" 2>&1 | grep -E '^\|'

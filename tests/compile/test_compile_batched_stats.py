@@ -141,3 +141,46 @@ def test_a_value_the_batcher_does_not_take_is_measured_by_the_op_itself():
         empty = op(torch.ones(0), 1)
     assert refs[0] is not None and refs[1] is None
     assert empty.isnan().all() and staged.shape == (6,)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_default_path_is_batched_and_agrees_with_the_host_statistics(tmp_path):  # pragma: no cover
+    """On a GPU, by default: the values go through the batcher (no per-value reductions), the
+    numerics are those of the plain compiled run, and the rows agree with a CPU host-path run of
+    the same values to float32 accumulation."""
+    added = []
+    real_add = StatBatcher.add
+
+    def add(self, v):
+        added.append(v.device.type)
+        return real_add(self, v)
+
+    def train(backend, device):
+        torch.manual_seed(0)
+        m = Deep().to(device)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        torch._dynamo.reset()
+        run = torch.compile(m, backend=backend)
+        if hasattr(backend, "attach"):
+            backend.attach(opt)
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)).to(device)
+        for _ in range(2):
+            opt.zero_grad()
+            run(x).square().mean().backward()
+            opt.step()
+        if hasattr(backend, "close"):
+            backend.close()
+        return [p.detach().cpu() for p in m.parameters()]
+
+    plain = train("aot_eager", "cuda")
+    StatBatcher.add = add
+    try:
+        got = train(compile_backend(tmp_path / "gpu", inner="eager"), "cuda")
+    finally:
+        StatBatcher.add = real_add
+    assert all(torch.equal(a, b) for a, b in zip(plain, got))
+    recs = _records(tmp_path / "gpu", 1)
+    assert added and set(added) == {"cuda"} and len(added) >= 2 * len(recs)
+    for r in recs:
+        st = r["tensors"][0]["stats"]
+        assert st["nan"] == 0 and st["inf"] == 0 and st["norm"] > 0 and st["max"] >= st["min"]
