@@ -167,3 +167,38 @@ def test_device_stats_of_the_dump_batch_the_compiled_graphs_statistics_too(tmp_p
     assert list(host.name) == list(batched.name)
     assert (host["max"] == batched["max"]).all() and (host["min"] == batched["min"]).all()
     assert ((host["norm"] - batched["norm"]).abs() <= 1e-5 * host["norm"].abs() + 1e-7).all()
+
+
+class _LogNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.log(torch.relu(self.fc1(x)) - 0.05))  # NaN where relu < 0.05
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_the_first_nan_of_a_compiled_model_is_found_in_its_dump_by_record_id(tmp_path, backend):
+    """The NaN/Inf tracker refuses a compiled model; its dump's NaN counts name the first op that
+    made a NaN, in execution order (record ids; the recipe of docs/compile.md), and the refusal
+    says so."""
+    import shutil
+
+    if backend == "inductor" and not (shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")):
+        pytest.skip("Inductor needs a C++ compiler on the CPU")
+    torch.manual_seed(0)
+    m = _LogNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    torch._dynamo.reset()
+    c = torch.compile(m, backend=backend)
+    with torchparity.dump(tmp_path / "d", model=c, level="aten"):
+        opt.zero_grad()
+        c(torch.randn(8, 16)).square().mean().backward()
+        opt.step()
+    out = torchparity.load_dump(tmp_path / "d")
+    out = out[(out.io == "output") & (out.nan > 0)].sort_values(["step", "record_id"])
+    first = out.iloc[0]
+    assert (first.op, first.phase, first.step) == ("aten.log.default", "forward", 0)
+    with pytest.raises(CompiledModelError, match=r"level='aten'.*nan > 0"):
+        torchparity.NanInfTracker(c).start()
