@@ -184,3 +184,10 @@ def test_on_cuda_the_default_path_is_batched_and_agrees_with_the_host_statistics
     for r in recs:
         st = r["tensors"][0]["stats"]
         assert st["nan"] == 0 and st["inf"] == 0 and st["norm"] > 0 and st["max"] >= st["min"]
+
+
+def test_bad_device_stats_is_one_line(tmp_path):
+    from torchparity.errors import UsageError
+
+    with pytest.raises(UsageError, match="device_stats must be None"):
+        compile_backend(tmp_path / "x", device_stats="yes")

@@ -138,6 +138,9 @@ class CompileCapture:
                              f"pass a new or empty directory for the dump")
         from ..dump.summary_live import SUMMARY_WHEN
 
+        if device_stats not in (None, True, False):
+            raise UsageError(f"compile_backend: device_stats must be None (batch accelerator values), True or False "
+                             f"(got {device_stats!r:.40})")
         if summaries not in SUMMARY_WHEN:
             raise UsageError(f"compile_backend: summaries must be one of {', '.join(SUMMARY_WHEN)} (got {summaries!r:.40})")
         if graph_pass is not None and not callable(graph_pass):
