@@ -166,3 +166,27 @@ def test_a_divergence_spread_over_every_block_is_diffuse_not_a_long_search(tmp_p
     assert "no small culprit set: 4 modules" in out and "spread over many modules" in out
     with pytest.raises(UsageError, match="max culprits"):
         torchparity.bisect(script, max_culprits=0)
+
+
+def _compare_dir(tmp_path: Path, module: str, name: str) -> Path:
+    d = tmp_path / f"cmp-{module}"
+    d.mkdir()
+    (d / "compare.json").write_text(json.dumps({"root_cause": {
+        "name": name, "op": "aten._softmax.default", "module": module, "phase": "forward", "step": 0, "rank": 0}}))
+    return d
+
+
+def test_the_compares_root_cause_is_tried_first_and_saves_the_module_search(tmp_path: Path) -> None:
+    """With --compare, the root cause's module is promoted alone first: it fixes, so it is the
+    culprit module in one re-run; its op alone does not (the add before it rounds too), so the op
+    search goes on. A wrong hint costs one re-run and changes no answer."""
+    plain = torchparity.bisect(SCRIPT, entry="main")
+    hinted = torchparity.bisect(SCRIPT, entry="main", compare_dir=_compare_dir(tmp_path, "5", "Aten._softmax.5.forward"))
+    wrong = torchparity.bisect(SCRIPT, entry="main", compare_dir=_compare_dir(tmp_path, "2", "Aten._softmax.2.forward"))
+    assert plain.culprit_modules == hinted.culprit_modules == wrong.culprit_modules == ["5"]
+    assert sorted(plain.culprit_ops) == sorted(hinted.culprit_ops) == sorted(wrong.culprit_ops)
+    assert hinted.path[1]["level"] == "modules (compare's root cause)" and hinted.path[1]["fixed"] is True
+    assert hinted.path[2]["level"] == "ops (compare's root cause)" and hinted.path[2]["fixed"] is False
+    assert hinted.reruns < plain.reruns
+    assert wrong.path[1]["fixed"] is False and wrong.reruns <= plain.reruns + 2
+    assert hinted.compare_agreement == "confirmed"

@@ -3,7 +3,8 @@
 Runs the entry function once as the reference and once as the target, then re-runs the target with
 sets of units promoted (see :mod:`.promote`), searching first over the modules (in execution order,
 so neighbouring units are neighbouring subtrees), then over the ops of the culprit modules
-(:mod:`.search`). Every verdict comes from a re-run judged by :mod:`.judge`.
+(:mod:`.search`). With a compare's root cause, its module and then its op are tried alone first:
+when one fixes the run on its own it is the answer (one re-run instead of a search). Every verdict comes from a re-run judged by :mod:`.judge`.
 """
 
 from __future__ import annotations
@@ -114,30 +115,36 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
     mod_list = list(modules)
     cache: dict[frozenset, bool] = {}
 
-    def fixes_modules(sel: list[str]) -> bool:
+    def fixes_modules(sel: list[str], level: str = "modules") -> bool:
         key = frozenset(sel)
         if key not in cache:
             chosen = set(sel)
-            cache[key] = probe("modules", sel, lambda c: c.module in chosen)
+            cache[key] = probe(level, sel, lambda c: c.module in chosen)
         return cache[key]
 
+    # the compare's root cause, when given, is the first hypothesis: promoted alone, does it fix?
+    hint_mod = (rc.get("module") or "") if rc else None
+    hint_op = (hint_mod, rc.get("name")) if rc and rc.get("name") else None
+
     try:
-        culprit_mods = minimal_set(mod_list, fixes_modules, max_culprits)
+        culprit_mods = (_alone(mod_list, lambda sel: fixes_modules(sel, "modules (compare's root cause)"), hint_mod)
+                        or minimal_set(mod_list, fixes_modules, max_culprits))
     except Diffuse as d:
         return _diffuse(report, path, output_dir, d.found, [])
     in_mods = set(culprit_mods)
     op_list = [k for k in ops if k[0] in in_mods]
     op_cache: dict[frozenset, bool] = {}
 
-    def fixes_ops(sel: list[OpKey]) -> bool:
+    def fixes_ops(sel: list[OpKey], level: str = "ops") -> bool:
         key = frozenset(sel)
         if key not in op_cache:
             chosen = set(sel)
-            op_cache[key] = probe("ops", [describe_op(k) for k in sel], lambda c: op_key(c) in chosen)
+            op_cache[key] = probe(level, [describe_op(k) for k in sel], lambda c: op_key(c) in chosen)
         return op_cache[key]
 
     try:
-        culprit_ops = minimal_set(op_list, fixes_ops, max_culprits) if op_list else []
+        culprit_ops = ((_alone(op_list, lambda sel: fixes_ops(sel, "ops (compare's root cause)"), hint_op)
+                        or minimal_set(op_list, fixes_ops, max_culprits)) if op_list else [])
     except Diffuse as d:
         return _diffuse(report, path, output_dir, culprit_mods, [describe_op(k) for k in d.found])
     report.verdict = "culprit"
@@ -147,6 +154,15 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
     fixing = [p for p in path if p.fixed]
     report.error_after_promotion = fixing[-1].error if fixing else None
     return _finish(report, path, output_dir)
+
+
+def _alone(units: list[Any], fixes: Callable[[list[Any]], bool], hint: Any) -> list[Any] | None:
+    """``[hint]`` when ``hint`` is one of several ``units`` and promoting it alone fixes the run
+    (one re-run: a single unit that fixes is a minimal set); None otherwise (the search goes on,
+    the re-run spent)."""
+    if hint is not None and len(units) > 1 and hint in units and fixes([hint]):
+        return [hint]
+    return None
 
 
 def _diffuse(report: BisectReport, path: list[Probe], output_dir: str | Path | None, modules: list[str],
