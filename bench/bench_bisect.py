@@ -57,6 +57,26 @@ def main():
 '''
 
 
+def compare_of(script: Path, out: Path) -> Path:
+    """The compare of an aten dump of ``main()`` in emulated bf16 against one in fp32 (seed 0 both,
+    as the bisect's runs): the output directory ``--compare`` takes."""
+    import importlib.util
+
+    import torch
+
+    import torchparity
+
+    spec = importlib.util.spec_from_file_location(script.stem, script)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    for name, backend in (("ref", None), ("bf16", "emulated")):
+        torch.manual_seed(0)
+        with torchparity.dump(str(out / name), level="aten", **({"backend": backend} if backend else {})):
+            mod.main()
+    torchparity.compare(str(out / "bf16"), str(out / "ref"), output_dir=str(out / "cmp"))
+    return out / "cmp"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results/bisect.md"))
@@ -77,9 +97,13 @@ def main() -> None:
             # a culprit search: 2 log2 N + 4; a diffuse one stops after 8 culprits: 8 (log2 N + 1) + 1
             target = 2 * math.log2(n) + 4 if rep.verdict != "diffuse" else 8 * (math.ceil(math.log2(n + 1)) + 1) + 1
             short = (lambda xs: "; ".join(xs[:4]) + (f"; ... ({len(xs)} in all)" if len(xs) > 4 else "")) 
+            hinted = "-"
+            if not single:  # the same bisect given the compare of the two runs (--compare)
+                rh = torchparity.bisect(script, entry="main", compare_dir=compare_of(script, tmp / f"cmp{n}"))
+                hinted = f"{rh.reruns} ({rh.verdict}, {', '.join(rh.culprit_modules)})"
             rows.append(f"| {n} | {'tanh(add - sub)' if single else 'softmax(add)'} | {hot} | {rep.verdict} | "
                         f"{short([m or '(top level)' for m in rep.culprit_modules]) or '-'} | {short(rep.culprit_ops) or '-'} | "
-                        f"{rep.reruns} | {target:.0f} | {'yes' if rep.reruns <= target else 'NO'} | {wall:.1f} s |")
+                        f"{rep.reruns} | {target:.0f} | {'yes' if rep.reruns <= target else 'NO'} | {hinted} | {wall:.1f} s |")
             print(rows[-1], flush=True)
     script = tmp / "bench_model.py"
     script.write_text(BENCH_MODEL.format(bench=str(ROOT / "bench")))
@@ -102,9 +126,11 @@ def main() -> None:
              "the longer stacks, the bf16 rounding of every block's weights and activations adding up past the "
              "tolerance -- a divergence with no small culprit set: the search stops after `max_culprits` (8) "
              "units with verdict `diffuse` (before that bound it took 411 re-runs at N = 32 and 6610 at "
-             "N = 128). Re-runs count the promoted re-runs (the reference and the baseline run are 2 more).", "",
-             "| N | block | planted | verdict | culprit modules | culprit ops | re-runs | bound: 2 log2 N + 4 (diffuse: 8 (log2 N + 1) + 1) | within | wall |",
-             "|---|---|---|---|---|---|---|---|---|---|", *rows, "", bench_line, ""]
+             "N = 128). Re-runs count the promoted re-runs (the reference and the baseline run are 2 more). "
+             "With `--compare`: the same bisect given the compare of an aten dump of each run (its root "
+             "cause's module, then op, tried alone first).", "",
+             "| N | block | planted | verdict | culprit modules | culprit ops | re-runs | bound: 2 log2 N + 4 (diffuse: 8 (log2 N + 1) + 1) | within | re-runs with `--compare` | wall |",
+             "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "", bench_line, ""]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines))
 

@@ -24,7 +24,8 @@ from . import EXIT_FINDINGS, EXIT_OK
 @click.option("--output", "-o", default="bisect-out", show_default=True, type=click.Path(file_okay=False),
               help="Directory for bisect-report.json.")
 @click.option("--compare", "compare_dir", default=None, type=click.Path(file_okay=False),
-              help="A compare output directory (compare.json): its root cause is shown beside the bisect's.")
+              help="A compare output directory (compare.json): its root cause is tried first (its module, "
+                   "then its op, promoted alone) and shown beside the bisect's answer.")
 @click.option("--max-culprits", default=8, show_default=True, type=click.IntRange(min=1),
               help="Stop when this many modules (or ops) are found and do not yet remove the divergence: "
                    "verdict 'diffuse' (spread over many units), with those found.")
