@@ -53,3 +53,17 @@ def native(target: bool) -> torch.Tensor:
     if target:
         model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
     return model(x).float()
+
+
+def faulty(target: bool) -> torch.Tensor:
+    """The stack without a hot block, in float32; the target runs on the emulated device with a
+    planted kernel fault (block 3's softmax scaled by 1.5): a wrong device kernel, not rounding.
+    For ``--target native --promote-backend cpu``."""
+    model = build(hot=None)
+    x = torch.randn(4, 16)
+    if not target:
+        return model(x)
+    from torchparity_backend_emulated import Fault, emulate
+
+    with emulate(faults=[Fault(op="_softmax", module="3", kind="scale", factor=1.5, step=None)]):
+        return model(x)

@@ -190,3 +190,39 @@ def test_the_compares_root_cause_is_tried_first_and_saves_the_module_search(tmp_
     assert hinted.reruns < plain.reruns
     assert wrong.path[1]["fixed"] is False and wrong.reruns <= plain.reruns + 2
     assert hinted.compare_agreement == "confirmed"
+
+
+def test_a_wrong_device_kernel_is_found_by_promoting_to_the_reference_backend(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture) -> None:
+    """A planted kernel fault (block 3's softmax on the emulated device): a higher precision does
+    not remove it (not_precision, and the summary says what to try); computing the promoted ops on
+    the CPU reference does, and the bisect names that op alone."""
+    prec = torchparity.bisect(SCRIPT, entry="faulty", target="native")
+    assert prec.verdict == "not_precision"
+    assert "--promote-backend cpu" in prec.summary()
+    with pytest.raises(SystemExit) as ex:
+        main(["bisect", SCRIPT, "--entry", "faulty", "--target", "native", "--promote-backend", "cpu",
+              "-o", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert ex.value.code == 1 and "promoting them to the cpu backend" in out
+    data = json.loads((tmp_path / "bisect-report.json").read_text())
+    assert data["verdict"] == "culprit" and data["promote_backend"] == "cpu"
+    assert data["culprit_modules"] == ["3"] and data["culprit_ops"] == ["3: Aten._softmax.3.forward"]
+    assert data["error_after_promotion"] <= data["tolerance"]
+    for name, words in (("emulated", "is an emulation"), ("abacus", "unknown promote backend")):
+        with pytest.raises(UsageError, match=words):
+            torchparity.bisect(SCRIPT, entry="faulty", target="native", promote_backend=name)
+
+
+def test_promotion_to_the_reference_writes_in_place_results_back() -> None:
+    """An in-place op promoted to the reference: the caller's tensor holds the result, and is what
+    the op returns."""
+    import torch
+
+    from torchparity.bisect.promote_reference import on_reference
+
+    x = torch.ones(3)
+    with on_reference(lambda c: True, torch.device("cpu")):
+        y = x.add_(2)
+        z = torch.mul(x, 2)
+    assert y is x and torch.equal(x, torch.full((3,), 3.0)) and torch.equal(z, torch.full((3,), 6.0))

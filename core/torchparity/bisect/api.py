@@ -34,7 +34,7 @@ def _check_target(target: str) -> str:
 def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str = "emulated:bfloat16",
            tolerance: float | None = None, promote_dtype: str = "float32", seed: int = 0,
            output_dir: str | Path | None = None, compare_dir: str | Path | None = None,
-           max_culprits: int = 8) -> BisectReport:
+           max_culprits: int = 8, promote_backend: str | None = None) -> BisectReport:
     """Find the smallest set of modules, then ops, whose promotion removes a divergence.
 
     Args:
@@ -53,6 +53,9 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
         compare_dir: a compare output directory whose root cause the report carries.
         max_culprits: the search stops when this many modules (or ops) are found and do not yet
             remove the divergence: verdict ``diffuse`` (spread over many units), with those found.
+        promote_backend: compute promoted ops on this backend's device (``cpu``: the reference),
+            in their own dtypes, instead of in a higher precision: finds a device kernel that
+            computes wrongly rather than a rounding problem (:mod:`.promote_reference`).
     """
     import torch
 
@@ -65,6 +68,11 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
         raise UsageError(f"bisect: max culprits must be a whole number >= 1, got {max_culprits!r}")
     if tolerance is not None and not tolerance > 0:
         raise UsageError(f"bisect: tolerance must be a positive number, got {tolerance!r}")
+    promote_device = None
+    if promote_backend is not None:
+        from .promote_reference import reference_device
+
+        promote_device = reference_device(promote_backend)
     rc = compare_root_cause(compare_dir) if compare_dir is not None else None
     fn = load_entry(script, entry)
     native = target == "native"
@@ -77,7 +85,7 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
         if not target_run:
             out = call_entry(fn, seed, False if native else None)
         else:
-            with target_context(target, promote or (lambda c: False), pdtype):
+            with target_context(target, promote or (lambda c: False), pdtype, promote_device):
                 out = call_entry(fn, seed, True if native else None)
         return flatten_outputs(pick_step(out, step, sname))
 
@@ -94,7 +102,8 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
     base_err = output_error(outputs(True, record), reference)
     report = BisectReport(verdict="no_divergence", script=sname, entry=entry, step=step, target=target,
                           promote_dtype=promote_dtype, tolerance=tol, baseline_error=base_err, runs_total=2,
-                          n_modules=len(modules), n_ops=len(ops), compare_root_cause=rc, seed=seed)
+                          n_modules=len(modules), n_ops=len(ops), compare_root_cause=rc, seed=seed,
+                          promote_backend=promote_backend)
     path: list[Probe] = []
 
     def probe(level: str, names: list[str], pred: Callable[[Any], bool]) -> bool:

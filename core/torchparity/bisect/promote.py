@@ -109,9 +109,22 @@ def _upcast(promote: Predicate, dtype: Any) -> Iterator[None]:
         op_stream().detach(dev)
 
 
-def target_context(target: str, promote: Predicate, promote_dtype: Any = None) -> ContextManager[Any]:
-    """The context a target run executes in, with ``promote`` deciding which ops are promoted."""
+def target_context(target: str, promote: Predicate, promote_dtype: Any = None,
+                   promote_device: Any = None) -> ContextManager[Any]:
+    """The context a target run executes in, with ``promote`` deciding which ops are promoted: to
+    a higher precision, or, with ``promote_device``, onto the reference backend's device
+    (:mod:`.promote_reference`: the promoted ops bypass every device-layer consumer)."""
     kind, _, dtype = target.partition(":")
+    if promote_device is not None:
+        from .promote_reference import on_reference
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(on_reference(promote, promote_device))
+        if kind == "emulated":
+            from torchparity_backend_emulated import emulate
+
+            stack.enter_context(emulate(dtype=dtype or "bfloat16"))
+        return stack
     if kind == "emulated":
         from torchparity_backend_emulated import emulate
 

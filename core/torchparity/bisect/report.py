@@ -17,7 +17,8 @@ class BisectReport:
 
     ``verdict``: ``culprit`` (a promoted set removes the divergence: ``culprit_modules`` /
     ``culprit_ops``), ``no_divergence`` (the target is within tolerance: nothing to bisect) or
-    ``not_precision`` (promoting everything does not remove it: not a precision problem) or
+    ``not_precision`` (promoting everything does not remove it: not a precision problem, or, with
+    ``promote_backend``, not a problem of how the device computes ops) or
     ``diffuse`` (more than ``max_culprits`` modules or ops are needed: the divergence is spread over
     many of them; ``culprit_modules`` / ``culprit_ops`` hold those found, which do not suffice).
     """
@@ -40,6 +41,12 @@ class BisectReport:
     path: list[dict] = field(default_factory=list)
     compare_root_cause: dict | None = None
     seed: int = 0
+    promote_backend: str | None = None  # promoted ops computed on this backend instead of in promote_dtype
+
+    @property
+    def promoted_to(self) -> str:
+        """What promotion means in this bisect, for the summary."""
+        return f"the {self.promote_backend} backend" if self.promote_backend else self.promote_dtype
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -70,9 +77,12 @@ class BisectReport:
         if self.verdict == "no_divergence":
             lines.append("no divergence to bisect: the target run is within tolerance")
         elif self.verdict == "not_precision":
-            lines.append(f"promoting every op to {self.promote_dtype} leaves error {self.error_after_promotion:.4g}: "
+            lines.append(f"promoting every op to {self.promoted_to} leaves error {self.error_after_promotion:.4g}: "
                          f"not a problem of how ops compute (no culprit)")
-            if self.target == "native":
+            if not self.promote_backend:
+                lines.append("(a device kernel that computes wrongly is not removed by a higher precision: "
+                             "--promote-backend cpu computes the promoted ops on the reference instead)")
+            if self.target == "native" and not self.promote_backend:
                 lines.append("(native target: promoted ops cast back to the 16-bit dtype, so what the tensors store "
                              "-- inputs, parameters, activations -- stays rounded; on the CPU, bf16 kernels already "
                              "accumulate in float32)")
@@ -87,7 +97,7 @@ class BisectReport:
         else:
             lines.append(f"culprit module(s): {', '.join(m or '(top level)' for m in self.culprit_modules)}")
             lines.append(f"culprit op(s): {'; '.join(self.culprit_ops)}")
-            lines.append(f"promoting them to {self.promote_dtype}: error {self.error_after_promotion:.4g} "
+            lines.append(f"promoting them to {self.promoted_to}: error {self.error_after_promotion:.4g} "
                          f"(within tolerance) -- proven by re-run")
         lines.append(f"re-runs: {self.reruns} (+ reference and baseline: {self.runs_total} runs in all; "
                      f"{self.n_modules} modules, {self.n_ops} ops searched)")

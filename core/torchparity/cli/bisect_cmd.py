@@ -20,6 +20,10 @@ from . import EXIT_FINDINGS, EXIT_OK
                    "(default: the compare's noise floor for the dtype: bf16 0.01, fp16 0.002).")
 @click.option("--promote-dtype", default="float32", show_default=True, type=click.Choice(["float32", "float64"]),
               help="Precision promoted ops compute in (native targets).")
+@click.option("--promote-backend", default=None, metavar="NAME",
+              help="Compute promoted ops on this backend (cpu: the reference), in their own dtypes, instead "
+                   "of in a higher precision: finds a device kernel that computes wrongly rather than a "
+                   "rounding problem.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of every run.")
 @click.option("--output", "-o", default="bisect-out", show_default=True, type=click.Path(file_okay=False),
               help="Directory for bisect-report.json.")
@@ -31,7 +35,8 @@ from . import EXIT_FINDINGS, EXIT_OK
                    "verdict 'diffuse' (spread over many units), with those found.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def bisect(script: str, entry: str, step: int, target: str, tolerance: float | None, promote_dtype: str,
-           seed: int, output: str, compare_dir: str | None, max_culprits: int, as_json: bool) -> int:
+           promote_backend: str | None, seed: int, output: str, compare_dir: str | None, max_culprits: int,
+           as_json: bool) -> int:
     """Prove which modules/ops cause a precision divergence by re-running them promoted.
 
     \b
@@ -47,6 +52,6 @@ def bisect(script: str, entry: str, step: int, target: str, tolerance: float | N
 
     rep = run_bisect(script, entry=entry, step=step, target=target, tolerance=tolerance,
                      promote_dtype=promote_dtype, seed=seed, output_dir=output, compare_dir=compare_dir,
-                     max_culprits=max_culprits)
+                     max_culprits=max_culprits, promote_backend=promote_backend)
     click.echo(json.dumps(rep.to_dict(), indent=1) if as_json else rep.summary())
     return EXIT_OK if rep.verdict == "no_divergence" else EXIT_FINDINGS
