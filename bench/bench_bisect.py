@@ -43,6 +43,15 @@ class Stack(nn.Module):
 
 def main():
     return Stack()(torch.randn(4, 8))
+
+def faulty(target):
+    """offset 0 everywhere, float32; the target on the emulated device with block hot's softmax
+    kernel wrong (scaled by 1.5): one culprit op, found with --promote-backend cpu"""
+    if not target:
+        return Stack()(torch.randn(4, 8))
+    from torchparity_backend_emulated import Fault, emulate
+    with emulate(faults=[Fault(op="_softmax", module="blocks.{hot}", kind="scale", factor=1.5, step=None)]):
+        return Stack()(torch.randn(4, 8))
 '''
 
 BENCH_MODEL = '''
@@ -105,6 +114,18 @@ def main() -> None:
                         f"{short([m or '(top level)' for m in rep.culprit_modules]) or '-'} | {short(rep.culprit_ops) or '-'} | "
                         f"{rep.reruns} | {target:.0f} | {'yes' if rep.reruns <= target else 'NO'} | {hinted} | {wall:.1f} s |")
             print(rows[-1], flush=True)
+    for n in [int(s) for s in args.sizes.split(",")]:  # one wrong kernel, promoted to the CPU reference
+        hot = (2 * n) // 3
+        script = tmp / f"stack{n}_fault.py"
+        script.write_text(STACK.format(n=n, hot=hot, single=False))
+        t0 = time.perf_counter()
+        rep = torchparity.bisect(script, entry="faulty", target="native", promote_backend="cpu")
+        wall = time.perf_counter() - t0
+        target = 2 * math.log2(n) + 4
+        rows.append(f"| {n} | softmax kernel fault, `--promote-backend cpu` | {hot} | {rep.verdict} | "
+                    f"{', '.join(rep.culprit_modules) or '-'} | {'; '.join(rep.culprit_ops) or '-'} | {rep.reruns} | "
+                    f"{target:.0f} | {'yes' if rep.reruns <= target else 'NO'} | - | {wall:.1f} s |")
+        print(rows[-1], flush=True)
     script = tmp / "bench_model.py"
     script.write_text(BENCH_MODEL.format(bench=str(ROOT / "bench")))
     t0 = time.perf_counter()
@@ -128,7 +149,9 @@ def main() -> None:
              "units with verdict `diffuse` (before that bound it took 411 re-runs at N = 32 and 6610 at "
              "N = 128). Re-runs count the promoted re-runs (the reference and the baseline run are 2 more). "
              "With `--compare`: the same bisect given the compare of an aten dump of each run (its root "
-             "cause's module, then op, tried alone first).", "",
+             "cause's module, then op, tried alone first). Kernel fault: offset 0 everywhere, float32; the "
+             "target runs on the emulated device with block `hot`'s softmax kernel wrong (x1.5): one culprit "
+             "op, bisected with `--promote-backend cpu` (its ops computed on the CPU reference).", "",
              "| N | block | planted | verdict | culprit modules | culprit ops | re-runs | bound: 2 log2 N + 4 (diffuse: 8 (log2 N + 1) + 1) | within | re-runs with `--compare` | wall |",
              "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "", bench_line, ""]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
