@@ -17,7 +17,7 @@ predicate rejects run untouched: the user's numerics change only inside the prom
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager
 
 from ..capture.op_stream import LAYER_DEVICE, OpCall, OpConsumer, op_stream
 
@@ -99,14 +99,8 @@ class UpcastDevice(OpConsumer):
         return tree_map(cast_back, out)
 
 
-@contextlib.contextmanager
-def _upcast(promote: Predicate, dtype: Any) -> Iterator[None]:
-    dev = UpcastDevice(promote, dtype)
-    op_stream().attach(dev)
-    try:
-        yield
-    finally:
-        op_stream().detach(dev)
+def _upcast(promote: Predicate, dtype: Any) -> ContextManager[Any]:
+    return op_stream().attached(UpcastDevice(promote, dtype))
 
 
 def target_context(target: str, promote: Predicate, promote_dtype: Any = None,

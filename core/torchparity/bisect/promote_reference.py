@@ -14,8 +14,7 @@ device, a fault) attached after it; ops the predicate rejects run untouched.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager
 
 from ..capture.op_stream import LAYER_DEVICE, OpCall, OpConsumer, op_stream
 from ..errors import UsageError
@@ -79,12 +78,6 @@ def reference_device(backend: str) -> Any:
     return b.device()
 
 
-@contextlib.contextmanager
-def on_reference(promote: Callable[[OpCall], bool], device: Any) -> Iterator[None]:
+def on_reference(promote: Callable[[OpCall], bool], device: Any) -> ContextManager[Any]:
     """While in the block, the ops ``promote`` accepts run on ``device``."""
-    dev = ReferenceDevice(promote, device)
-    op_stream().attach(dev)
-    try:
-        yield
-    finally:
-        op_stream().detach(dev)
+    return op_stream().attached(ReferenceDevice(promote, device))
