@@ -63,6 +63,17 @@ def main():
     model = toy.make_model(0, BENCH_CONFIG)
     x, y = toy.make_batches(1, cfg=BENCH_CONFIG)[0]
     return model(x)
+
+def faulty(target):
+    """float32; the target on the emulated device with one wrong kernel: layers.1.mlp.down_proj's
+    matmul scaled by 1.5 (the demo's planted op)"""
+    model = toy.make_model(0, BENCH_CONFIG)
+    x, y = toy.make_batches(1, cfg=BENCH_CONFIG)[0]
+    if not target:
+        return model(x)
+    from torchparity_backend_emulated import Fault, emulate
+    with emulate(faults=[Fault(op="mm", module="layers.1.mlp.down_proj", kind="scale", factor=1.5, step=None)]):
+        return model(x)
 '''
 
 
@@ -134,7 +145,15 @@ def main() -> None:
     bench_line = (f"bench model (TinyLlama BENCH_CONFIG, forward logits, emulated bf16): verdict {rep.verdict}, "
                   f"baseline error {rep.baseline_error:.4g} (tolerance {rep.tolerance}), {rep.runs_total} runs, "
                   f"{rep.reruns} re-runs, wall {wall:.1f} s")
+    t0 = time.perf_counter()
+    rep = torchparity.bisect(script, entry="faulty", target="native", promote_backend="cpu")
+    wall = time.perf_counter() - t0
+    fault_line = (f"bench model with a wrong kernel (layers.1.mlp.down_proj's mm x1.5 on the emulated device), "
+                  f"`--promote-backend cpu`: verdict {rep.verdict}, culprit op(s) {'; '.join(rep.culprit_ops) or '-'}, "
+                  f"{rep.n_modules} modules, {rep.reruns} re-runs (2 log2 N + 4 = {2 * math.log2(rep.n_modules) + 4:.0f}), "
+                  f"wall {wall:.1f} s")
     print(bench_line)
+    print(fault_line)
     lines = ["# Precision bisect (`bench/bench_bisect.py`)", "",
              f"command: `python bench/bench_bisect.py --sizes {args.sizes}`", "",
              f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
@@ -153,7 +172,7 @@ def main() -> None:
              "target runs on the emulated device with block `hot`'s softmax kernel wrong (x1.5): one culprit "
              "op, bisected with `--promote-backend cpu` (its ops computed on the CPU reference).", "",
              "| N | block | planted | verdict | culprit modules | culprit ops | re-runs | bound: 2 log2 N + 4 (diffuse: 8 (log2 N + 1) + 1) | within | re-runs with `--compare` | wall |",
-             "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "", bench_line, ""]
+             "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "", bench_line, "", fault_line, ""]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines))
 
