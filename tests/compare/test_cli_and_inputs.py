@@ -187,3 +187,30 @@ def test_multi_rank_multi_step_parallel(tmp_path):
     assert (fd["step"], fd["rank"], fd["name"]) == (1, 1, "Aten.gelu.2.forward")
     assert res.summary["steps"] == [0, 1] and res.summary["ranks"] == [0, 1]
     assert [(p["step"], p["rank"]) for p in res.summary["diverged_pairs"]] == [(1, 1)]
+
+
+def test_output_dir_check_survives_ranks_checking_the_same_new_directory_at_once(tmp_path):
+    """Under torchrun every rank validates -o at once: one rank's check creating (and removing)
+    the directory must not fail another's (it did: "File exists" / "No such file or directory")."""
+    import threading
+
+    import click
+
+    from torchparity.cli.validate import output_dir
+
+    target = tmp_path / "new" / "out"
+    errors: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            for _ in range(200):
+                output_dir(click.Context(click.Command("x")), None, str(target))
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=check) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:1]

@@ -40,21 +40,37 @@ def output_dir(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     p = Path(value)
     if p.exists() and not p.is_dir():
         raise click.BadParameter(f"{value} is a file; give a directory (it is created if missing)", ctx=ctx, param=param)
-    missing: list[Path] = []
-    q = p
-    while not q.exists() and q != q.parent:
-        missing.append(q)
-        q = q.parent
     made: list[Path] = []
     try:
-        if not q.is_dir():
-            raise click.BadParameter(f"{q} is not a directory, so {value} cannot be created there", ctx=ctx, param=param)
-        for m in reversed(missing):
-            m.mkdir()
-            made.append(m)
-        fd, probe = tempfile.mkstemp(dir=p, prefix=".torchparity-probe-")
-        os.close(fd)
-        os.unlink(probe)
+        # under torchrun every rank checks the same directory at once: one may create it while
+        # another does (FileExistsError: theirs, fine), or remove what it created while another
+        # looks at it or probes in it (FileNotFoundError, or an ancestor gone: look again)
+        for attempt in range(5):
+            missing: list[Path] = []
+            q = p
+            while not q.exists() and q != q.parent:
+                missing.append(q)
+                q = q.parent
+            try:
+                if not q.is_dir():
+                    if not q.exists():
+                        raise FileNotFoundError(str(q))
+                    raise click.BadParameter(f"{q} is not a directory, so {value} cannot be created there",
+                                             ctx=ctx, param=param)
+                for m in reversed(missing):
+                    try:
+                        m.mkdir()
+                        made.append(m)
+                    except FileExistsError:
+                        if not m.is_dir():
+                            raise
+                fd, probe = tempfile.mkstemp(dir=p, prefix=".torchparity-probe-")
+                os.close(fd)
+                os.unlink(probe)
+                break
+            except FileNotFoundError:
+                if attempt == 4:
+                    raise
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
         raise click.BadParameter(f"cannot write to {value} ({why}); choose a writable directory",
