@@ -63,24 +63,21 @@ class CompiledModelError(UsageError):
     """A capture that would run a ``torch.compile``'d model eagerly (and so change its numerics)."""
 
 
-def refusal(what: str) -> CompiledModelError:
-    """The one-line refusal for ``what`` (e.g. "the NaN/Inf tracker")."""
+def refusal(what: str, hint: str = "") -> CompiledModelError:
+    """The one-line refusal for ``what`` (e.g. "the NaN/Inf tracker"); ``hint``: what that tool's
+    user can do instead with the compiled model itself (a consumer's ``compiled_hint``)."""
     module_level = " or (one process) dump the compiled model at level='module';" if MODULE_LEVEL_OK else ""
-    # the dump of the compiled graphs counts NaN/Inf in every captured value: the tracker's question
-    # answered in the compiled run itself (docs/compile.md, "The first NaN of a compiled model")
-    graphs = (" to find the first NaN in the compiled run itself: torchparity.dump(DIR, model=compiled_model, "
-              "level='aten'), then torchparity query DIR \"SELECT * FROM tensors WHERE io='output' AND nan > 0 "
-              "ORDER BY step, record_id LIMIT 1\";" if "NaN" in what and COMPILED_DUMP_OK else "")
+    graphs = f" {hint};" if hint and COMPILED_DUMP_OK else ""
     return CompiledModelError(
         f"{what} cannot watch a torch.compile'd model: it would run the model eagerly and change its "
         f"numerics. Use it on the eager model (model._orig_mod, or without torch.compile),{module_level}"
         f"{graphs} see docs/compile.md")
 
 
-def refuse_compiled(model: Any, what: str) -> None:
+def refuse_compiled(model: Any, what: str, hint: str = "") -> None:
     """Raise :func:`refusal` when ``model`` is compiled."""
     if is_compiled(model):
-        raise refusal(what)
+        raise refusal(what, hint)
 
 
 class CompiledCallGuard:

@@ -234,7 +234,8 @@ class OpStream:
         with self._lock:
             if consumer in self._consumers:
                 return
-            refuse_compiled(model, getattr(consumer, "tool_name", _STREAM_TOOLS))
+            refuse_compiled(model, getattr(consumer, "tool_name", _STREAM_TOOLS),
+                            getattr(consumer, "compiled_hint", ""))
             self._consumers.append(consumer)
             self._chain = tuple(sorted(self._consumers, key=lambda c: c.layer))  # stable: attach order
             if model is not None and not any(r is model for r in self._roots):

@@ -152,6 +152,11 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
 
     #: how a refusal names this tool (a torch.compile'd model: capture/compiled.py)
     tool_name = "the NaN/Inf tracker"
+    #: what a refusal offers instead: the dump of the compiled graphs counts NaN/Inf in every captured
+    #: value, so it answers the tracker's first question in the compiled run itself (docs/compile.md)
+    compiled_hint = ("to find the first NaN in the compiled run itself: torchparity.dump(DIR, "
+                     "model=compiled_model, level='aten'), then torchparity query DIR \"SELECT * FROM tensors "
+                     "WHERE io='output' AND nan > 0 ORDER BY step, record_id LIMIT 1\"")
 
     layer = LAYER_OBSERVER
     needs_modules = True
