@@ -226,3 +226,31 @@ def test_promotion_to_the_reference_writes_in_place_results_back() -> None:
         y = x.add_(2)
         z = torch.mul(x, 2)
     assert y is x and torch.equal(x, torch.full((3,), 3.0)) and torch.equal(z, torch.full((3,), 6.0))
+
+
+def test_an_op_the_reference_cannot_run_runs_on_the_device_and_is_reported() -> None:
+    """A promoted op whose reference run fails (here: the meta device, whose results cannot come
+    back) runs on the device as without promotion, and is counted as not promoted."""
+    import torch
+
+    from torchparity.bisect.promote_reference import on_reference
+
+    x = torch.arange(4.0)
+    missed: dict[str, int] = {}
+    with on_reference(lambda c: True, torch.device("meta"), missed):
+        y = torch.mul(x, 2)
+        x.add_(1)
+    assert torch.equal(y, torch.arange(4.0) * 2) and torch.equal(x, torch.arange(4.0) + 1)
+    assert missed and all(n >= 1 for n in missed.values())
+    assert any("mul" in k for k in missed) and any("add" in k for k in missed)
+
+
+def test_the_report_lists_ops_that_ran_unpromoted(tmp_path: Path) -> None:
+    from torchparity.bisect.report import BisectReport
+
+    rep = BisectReport(verdict="culprit", script="s.py", entry="main", step=0, target="native",
+                       promote_dtype="float32", tolerance=0.01, baseline_error=0.1, error_after_promotion=0.001,
+                       culprit_modules=["a"], culprit_ops=["a: Aten.mm.0.forward"],
+                       not_promoted={"a: Aten.mm.0.forward": 3})
+    assert "1 op(s) chosen for promotion ran unpromoted" in rep.summary()
+    assert json.loads(json.dumps(rep.to_dict()))["not_promoted"] == {"a: Aten.mm.0.forward": 3}

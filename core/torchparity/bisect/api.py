@@ -74,6 +74,7 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
 
         promote_device = reference_device(promote_backend)
     rc = compare_root_cause(compare_dir) if compare_dir is not None else None
+    not_promoted: dict[str, int] = {}  # ops chosen for promotion that ran unpromoted (every re-run)
     fn = load_entry(script, entry)
     native = target == "native"
     pdtype = getattr(torch, promote_dtype)
@@ -85,7 +86,7 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
         if not target_run:
             out = call_entry(fn, seed, False if native else None)
         else:
-            with target_context(target, promote or (lambda c: False), pdtype, promote_device):
+            with target_context(target, promote or (lambda c: False), pdtype, promote_device, not_promoted):
                 out = call_entry(fn, seed, True if native else None)
         return flatten_outputs(pick_step(out, step, sname))
 
@@ -103,7 +104,7 @@ def bisect(script: str | Path, entry: str = "main", step: int = 0, target: str =
     report = BisectReport(verdict="no_divergence", script=sname, entry=entry, step=step, target=target,
                           promote_dtype=promote_dtype, tolerance=tol, baseline_error=base_err, runs_total=2,
                           n_modules=len(modules), n_ops=len(ops), compare_root_cause=rc, seed=seed,
-                          promote_backend=promote_backend)
+                          promote_backend=promote_backend, not_promoted=not_promoted)
     path: list[Probe] = []
 
     def probe(level: str, names: list[str], pred: Callable[[Any], bool]) -> bool:
@@ -185,6 +186,7 @@ def _diffuse(report: BisectReport, path: list[Probe], output_dir: str | Path | N
 
 def _finish(report: BisectReport, path: list[Probe], output_dir: str | Path | None) -> BisectReport:
     report.path = [p.to_dict() for p in path]
+    report.not_promoted = dict(sorted(report.not_promoted.items()))
     if output_dir is not None:
         report.write(output_dir)
     return report

@@ -44,12 +44,15 @@ class UpcastDevice(OpConsumer):
     layer = LAYER_DEVICE
     needs_modules = True
 
-    def __init__(self, promote: Predicate, dtype: Any = None) -> None:
+    def __init__(self, promote: Predicate, dtype: Any = None, not_promoted: dict[str, int] | None = None) -> None:
         import torch
 
         self.promote = promote
         self.dtype = dtype or torch.float32
         self._low = (torch.bfloat16, torch.float16)
+        #: ops the predicate chose whose kernel refused the upcast inputs (record name -> calls):
+        #: they ran as without promotion, and the report lists them
+        self.not_promoted = not_promoted if not_promoted is not None else {}
 
     def on_op(self, call: OpCall, args: tuple, kwargs: dict, run: Callable[..., Any]) -> Any:
         import torch
@@ -80,6 +83,8 @@ class UpcastDevice(OpConsumer):
         try:
             out = run(*cargs, **ckwargs)
         except (RuntimeError, NotImplementedError):  # a kernel with a mixed-dtype contract
+            name = describe_op(op_key(call))
+            self.not_promoted[name] = self.not_promoted.get(name, 0) + 1
             return run(*args, **kwargs)
         by_up = {id(u): o for o, u in up.values()}
         for t in written_args(info.func, args, kwargs):  # in-place / out=: write back into the caller's
@@ -99,21 +104,23 @@ class UpcastDevice(OpConsumer):
         return tree_map(cast_back, out)
 
 
-def _upcast(promote: Predicate, dtype: Any) -> ContextManager[Any]:
-    return op_stream().attached(UpcastDevice(promote, dtype))
+def _upcast(promote: Predicate, dtype: Any, not_promoted: dict[str, int] | None = None) -> ContextManager[Any]:
+    return op_stream().attached(UpcastDevice(promote, dtype, not_promoted))
 
 
 def target_context(target: str, promote: Predicate, promote_dtype: Any = None,
-                   promote_device: Any = None) -> ContextManager[Any]:
+                   promote_device: Any = None, not_promoted: dict[str, int] | None = None) -> ContextManager[Any]:
     """The context a target run executes in, with ``promote`` deciding which ops are promoted: to
     a higher precision, or, with ``promote_device``, onto the reference backend's device
-    (:mod:`.promote_reference`: the promoted ops bypass every device-layer consumer)."""
+    (:mod:`.promote_reference`: the promoted ops bypass every device-layer consumer). Chosen ops
+    that ran unpromoted after all are counted in ``not_promoted`` (the emulated device's own
+    promotion has no such case)."""
     kind, _, dtype = target.partition(":")
     if promote_device is not None:
         from .promote_reference import on_reference
 
         stack = contextlib.ExitStack()
-        stack.enter_context(on_reference(promote, promote_device))
+        stack.enter_context(on_reference(promote, promote_device, not_promoted))
         if kind == "emulated":
             from torchparity_backend_emulated import emulate
 
@@ -123,4 +130,4 @@ def target_context(target: str, promote: Predicate, promote_dtype: Any = None,
         from torchparity_backend_emulated import emulate
 
         return emulate(dtype=dtype or "bfloat16", promote=promote)
-    return _upcast(promote, promote_dtype)
+    return _upcast(promote, promote_dtype, not_promoted)

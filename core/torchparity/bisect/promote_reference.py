@@ -26,9 +26,13 @@ class ReferenceDevice(OpConsumer):
     layer = LAYER_DEVICE - 1
     needs_modules = True
 
-    def __init__(self, promote: Callable[[OpCall], bool], device: Any) -> None:
+    def __init__(self, promote: Callable[[OpCall], bool], device: Any,
+                 not_promoted: dict[str, int] | None = None) -> None:
         self.promote = promote
         self.device = device
+        #: ops the predicate chose that ran on the device after all (the reference could not run
+        #: them, or not a strided tensor): record name -> calls; the report lists them
+        self.not_promoted = not_promoted if not_promoted is not None else {}
 
     def on_op(self, call: OpCall, args: tuple, kwargs: dict, run: Callable[..., Any]) -> Any:
         import torch
@@ -40,26 +44,31 @@ class ReferenceDevice(OpConsumer):
         if info.view or info.random or info.collective or info.namespace == "profiler" or not self.promote(call):
             return run(*args, **kwargs)
         flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        if not flat or any(t.layout != torch.strided for t in flat):
+        if not flat:
             return run(*args, **kwargs)
+        if any(t.layout != torch.strided for t in flat):
+            return self._unpromoted(call, run, args, kwargs)
         home = flat[0].device
-        ref_args, ref_kwargs = cast_copy((args, kwargs), lambda d: d, self.device)
-        try:
+        try:  # everything that can fail before the caller's tensors are written
+            ref_args, ref_kwargs = cast_copy((args, kwargs), lambda d: d, self.device)
             out = info.func(*ref_args, **ref_kwargs)
-        except (RuntimeError, NotImplementedError, TypeError):  # the reference cannot run it: the device does
-            return run(*args, **kwargs)
-        back: dict[int, torch.Tensor] = {}
-        for mine, theirs in zip(written_args(info.func, args, kwargs), written_args(info.func, ref_args, ref_kwargs)):
-            mine.copy_(theirs)  # in-place / out=: the caller's tensor holds the reference's result
-            back[id(theirs)] = mine
+            written = list(zip(written_args(info.func, args, kwargs), written_args(info.func, ref_args, ref_kwargs)))
+            back = {id(theirs): mine for mine, theirs in written}
+            homed = [theirs.to(home) for _, theirs in written]
+            result = tree_map(lambda x: (back.get(id(x)) or x.to(home)) if isinstance(x, torch.Tensor) else x, out)
+        except (RuntimeError, NotImplementedError, TypeError):  # the reference cannot run it
+            return self._unpromoted(call, run, args, kwargs)
+        for (mine, _), h in zip(written, homed):  # in-place / out=: the caller's tensor holds the result
+            mine.copy_(h)
+        return result
 
-        def home_of(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                hit = back.get(id(x))
-                return hit if hit is not None else x.to(home)
-            return x
+    def _unpromoted(self, call: OpCall, run: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Run the op on the device as without promotion, and say so in :attr:`not_promoted`."""
+        from .promote import describe_op, op_key
 
-        return tree_map(home_of, out)
+        name = describe_op(op_key(call))
+        self.not_promoted[name] = self.not_promoted.get(name, 0) + 1
+        return run(*args, **kwargs)
 
 
 def reference_device(backend: str) -> Any:
@@ -78,6 +87,7 @@ def reference_device(backend: str) -> Any:
     return b.device()
 
 
-def on_reference(promote: Callable[[OpCall], bool], device: Any) -> ContextManager[Any]:
+def on_reference(promote: Callable[[OpCall], bool], device: Any,
+                 not_promoted: dict[str, int] | None = None) -> ContextManager[Any]:
     """While in the block, the ops ``promote`` accepts run on ``device``."""
-    return op_stream().attached(ReferenceDevice(promote, device))
+    return op_stream().attached(ReferenceDevice(promote, device, not_promoted))

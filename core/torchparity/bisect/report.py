@@ -42,6 +42,9 @@ class BisectReport:
     compare_root_cause: dict | None = None
     seed: int = 0
     promote_backend: str | None = None  # promoted ops computed on this backend instead of in promote_dtype
+    #: ops a re-run chose to promote that ran unpromoted after all (record name -> calls, over all
+    #: re-runs): the reference could not run them, or their kernel refused the upcast inputs
+    not_promoted: dict = field(default_factory=dict)
 
     @property
     def promoted_to(self) -> str:
@@ -99,6 +102,10 @@ class BisectReport:
             lines.append(f"culprit op(s): {'; '.join(self.culprit_ops)}")
             lines.append(f"promoting them to {self.promoted_to}: error {self.error_after_promotion:.4g} "
                          f"(within tolerance) -- proven by re-run")
+        if self.not_promoted:
+            shown = "; ".join(list(self.not_promoted)[:4]) + ("; ..." if len(self.not_promoted) > 4 else "")
+            lines.append(f"{len(self.not_promoted)} op(s) chosen for promotion ran unpromoted (could not be "
+                         f"promoted: {shown}); the re-runs' verdicts hold for what ran")
         lines.append(f"re-runs: {self.reruns} (+ reference and baseline: {self.runs_total} runs in all; "
                      f"{self.n_modules} modules, {self.n_ops} ops searched)")
         rc = self.compare_root_cause
