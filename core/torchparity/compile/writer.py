@@ -43,9 +43,10 @@ class CompiledDump:
                                   summaries=self.summaries)
         return self._writer
 
-    def write_step(self, step: int, captured: list[NodeRecord], stats: torch.Tensor) -> int:
-        """Write one step's records (``captured``, in execution order; ``stats``: their host
-        statistics, one float64 row of six per record). Returns the number of records written."""
+    def write_step(self, step: int, captured: list[NodeRecord], stats: Any) -> int:
+        """Write one step's records (``captured``, in execution order; ``stats``: their statistics,
+        one row of six per record: a float64 host tensor, or a ``StatRows`` of batcher rows the
+        writer thread reads once their transfer is done). Returns the number of records written."""
         writer = self._writer or self._open()
         rank = self._rank
         names: dict[str, int] = {}

@@ -269,13 +269,14 @@ class History:
         self.peak = 0  # the most host bytes held at once
         self._job: SnapshotJob | None = None
         self._snapshot_bytes = 0
+        self._batches_bytes = 0  # bytes of the batches kept since the snapshot
         self._snapshot_cost = 0.0  # seconds the last snapshot cost (SnapshotJob.cost)
         self._step_time: float | None = None  # running mean of a step's wall time
         self._last_begin: float | None = None
 
     @property
     def nbytes(self) -> int:
-        return self._snapshot_bytes + sum(tree_bytes(s.batch) for s in self.steps)
+        return self._snapshot_bytes + self._batches_bytes
 
     def begin_step(self, step: int, batch: Any, model: torch.nn.Module, optimizer: Any, scaler: Any) -> StepRecord:
         """Before ``step`` runs: start a snapshot when one is due (finished by :meth:`settle`),
@@ -299,11 +300,13 @@ class History:
             fit = (self.budget - state_bytes) // batch_bytes if batch_bytes else self.max_every
             self._cap = max(self.every, min(self.max_every, int(fit)))
             old, self.snapshot, self.steps, self._snapshot_bytes = self.snapshot, None, [], 0
+            self._batches_bytes = 0
             self._job = SnapshotJob(model, optimizer, scaler, reuse=old)
             self.snapshot_step = step
         with tool_work():
             rec = StepRecord(step, _tree(batch, _to_host), _devices(batch), rng_state())
         self.steps.append(rec)
+        self._batches_bytes += tree_bytes(rec.batch)  # one walk of the new batch, not of all kept ones per step
         return rec
 
     def settle(self) -> None:
