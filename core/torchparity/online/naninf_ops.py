@@ -107,7 +107,7 @@ class OpChecks:
                     elif a.numel():
                         e = self._entry(a)
                         f = e[3]
-                        if f and type(f) is int and f < 4 and e[4] == _EXTERNAL and a.numel() == 1 \
+                        if type(f) is int and f and f < 4 and e[4] == _EXTERNAL and a.numel() == 1 \
                                 and not a.requires_grad:
                             # a constant (``x[i] = nan`` lifts a 0-d tensor): a scalar argument
                             bad_scalar = max(bad_scalar, f)
