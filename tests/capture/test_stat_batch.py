@@ -252,3 +252,31 @@ def test_host_stats_of_large_tensors_take_exact_extremes(dtype: torch.dtype, spe
     small = host_stats(x[: stats_mod._SPLIT_MINMAX - 1].clone())
     ref = x[: stats_mod._SPLIT_MINMAX - 1].double()
     assert small is not None and (math.isnan(small[0]) or small[0] == ref.max().item())
+
+
+_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_values_on_row_boundaries_and_long_values(device: str) -> None:
+    """Values fill whole staging rows, the last one padded with zeros: a value of all-negative
+    (or all-positive) numbers must not take the padding's 0 as its max (min); lengths just under,
+    at and over a row, and a long value spanning thousands of rows, NaN/Inf in a last row."""
+    from torchparity.capture.stat_batch import ROW
+
+    g = torch.Generator().manual_seed(3)
+    vals = []
+    for n in (1, ROW - 1, ROW, ROW + 1, 3 * ROW + 7, 2_500_000):
+        vals.append(-1.0 - torch.rand(n, generator=g))  # all negative: the padding must not be the max
+        vals.append(5.0 + torch.rand(n, generator=g))  # all positive: nor the min
+    odd = torch.randn(2 * ROW + 5, generator=g)
+    odd[-1] = math.nan  # in the padded last row
+    inf = torch.randn(ROW + 3, generator=g)
+    inf[-2] = -math.inf
+    vals += [odd, inf, torch.randn(ROW + 9, generator=g).to(torch.bfloat16), torch.randn(7, dtype=torch.float64)]
+    b = StatBatcher()
+    refs = [b.add(v.to(device)) for v in vals]
+    b.flush()
+    for v, r in zip(vals, refs):
+        assert r is not None
+        _close(r.values(), host_stats(v))  # type: ignore[arg-type]
