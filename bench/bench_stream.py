@@ -51,7 +51,8 @@ class LlamaBench(Syncs):
                                num_key_value_heads=hidden // 64, max_position_embeddings=seq,
                                attn_implementation="eager")
         self.device = torch.device(device)
-        self.model = LlamaForCausalLM(self.cfg).to(self.device, dtype)
+        with self.device:  # random init on the device itself (a 1 B model's CPU init takes a minute)
+            self.model = LlamaForCausalLM(self.cfg).to(dtype)
         self.dtype = dtype
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
         g = torch.Generator().manual_seed(1)

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,10 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--model", default="bench", choices=["bench", "llama1b"],
+                    help="bench (default) or llama1b (HF Llama ~1 B, bf16, batch 1x1024: for a GPU)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    b = Bench(a.device)
+    if a.model == "llama1b":
+        from bench_stream import LlamaBench
+
+        b: Any = LlamaBench(a.device, hidden=2048, layers=16, seq=1024, dtype=torch.bfloat16)
+    else:
+        b = Bench(a.device)
     for _ in range(3):
         b.step()
     b.sync()

@@ -8,6 +8,12 @@
 #             cores (no msprobe there: it is not installable offline)
 #   PART=issues17_18: the compile and watch tests on a CUDA machine (their CUDA cases run there),
 #             bench_compile, bench_watch (bench model and ~100M Llama) with --device cuda
+#   PART=s11: session 11's one prepared run (issues 15 and 17 on a GPU): gpu_checks, the op stream
+#             on a ~1B bf16 HF Llama and the bench model, bench_compile --device cuda, a cProfile
+#             of the 1B Llama's aten dump; each part under its own time limit, logs tee'd to OUTDIR
+#   PART=s11b: the same after the NaN-screen sync fix, full logs kept: gpu_checks, the CUDA compile
+#             test, the op stream on the bench model and the 1B Llama, bench_compile per step only
+#   PART=s11c: after the row-wise statistics flush: its CUDA test, the 1B Llama, bench_compile, bench model
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -15,9 +21,50 @@ set -u
 part=${1:-gpu}
 out=${2:-${OUT:-bench/results/device}}
 mkdir -p "$out"
-python -m pip install --no-deps --no-index -q --root-user-action=ignore dist/*.whl 2>&1 | tail -2
+python -m pip install --no-deps --no-index -q --root-user-action=ignore dist/*.whl $(ls .whl/*.whl 2>/dev/null) 2>&1 | tail -2
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
-if [ "$part" = issues17_18 ]; then
+if [ "$part" = s11 ]; then
+  export PYTHONUNBUFFERED=1
+  python -c "import torch; print('triton', __import__('triton').__version__)" 2>&1
+  timeout 45 python bench/gpu_checks.py --out "$out/checks.md" 2>&1 | tail -12
+  timeout 45 python -m pytest -q -p no:cacheprovider tests/compile/test_compile_batched_stats.py -k cuda 2>&1 | tail -3
+  timeout 130 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --rounds 3 \
+    --levels module,aten --out "$out/stream_llama1b.md" 2>&1 | grep -E '^(\||- Model)'
+  timeout 110 python bench/bench_compile.py --device cuda --rounds 3 --steps 5 --out "$out/compile_cuda.md" 2>&1 | grep -E '^\|'
+  timeout 60 python bench/profile_dump.py --device cuda --model llama1b --level aten --steps 2 --top 30 \
+    > "$out/profile_llama1b_aten.txt" 2>&1; head -40 "$out/profile_llama1b_aten.txt"
+  timeout 50 python bench/bench_stream.py --device cuda --model bench --rounds 5 --levels module,api,aten \
+    --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
+elif [ "$part" = s11b ]; then
+  export PYTHONUNBUFFERED=1
+  stamp() { echo "=== $(date +%T) $*"; }
+  stamp checks; timeout 45 python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -4 "$out/checks.log"
+  stamp pytest; timeout 45 python -m pytest -p no:cacheprovider -p no:warnings tests/compile/test_compile_batched_stats.py \
+    tests/online/test_naninf_host_reads.py 2>&1 | tail -4
+  stamp stream-bench; timeout 60 python bench/bench_stream.py --device cuda --model bench --rounds 5 --levels module,aten \
+    --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
+  for lv in module aten; do
+    stamp profile-$lv; timeout 40 python bench/profile_dump.py --device cuda --level $lv --steps 3 --top 40 \
+      > "$out/profile_$lv.txt" 2>&1; head -3 "$out/profile_$lv.txt"
+  done
+  stamp compile; timeout 120 python bench/bench_compile.py --device cuda --compiles 0 --rounds 4 --steps 5 \
+    --out "$out/compile_cuda.md" 2>&1 | grep -E 'round|^\|'
+  stamp llama1b; timeout 150 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --rounds 2 \
+    --levels module,aten --out "$out/stream_llama1b.md" 2>&1 | grep -vE '^\s*$|warn'
+  stamp done
+elif [ "$part" = s11c ]; then
+  export PYTHONUNBUFFERED=1
+  stamp() { echo "=== $(date +%T) $*"; }
+  stamp pytest; timeout 40 python -m pytest -p no:cacheprovider -p no:warnings tests/capture/test_stat_batch.py \
+    tests/online/test_naninf_host_reads.py -k "boundaries or host_reads or one_kernel" 2>&1 | tail -3
+  stamp llama1b; timeout 120 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --rounds 1 \
+    --levels module,aten --out "$out/stream_llama1b.md" 2>&1 | grep -vE '^\s*$|warn'
+  stamp compile; timeout 45 python bench/bench_compile.py --device cuda --compiles 0 --rounds 4 --steps 5 \
+    --out "$out/compile_cuda.md" 2>&1 | grep -E 'round|^\|'
+  stamp stream-bench; timeout 35 python bench/bench_stream.py --device cuda --model bench --rounds 3 --levels module,aten \
+    --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
+  stamp done
+elif [ "$part" = issues17_18 ]; then
   python -m pytest -q -p no:cacheprovider tests/compile tests/watch 2>&1 | tail -5 | tee "$out/pytest_17_18.txt"
   python bench/bench_compile.py --device cuda --rounds 5 --steps 5 --out "$out/compile_cuda.md" 2>&1 | grep -E '^\|'
   python bench/bench_watch.py --device cuda --rounds 5 --steps 10 --out "$out/watch_cuda.md" 2>&1 | grep -E 'Amortized|^\|'
