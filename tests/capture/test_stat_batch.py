@@ -141,7 +141,8 @@ def test_one_kernel_per_value_and_a_constant_per_flush() -> None:
     few_add, few_flush, few_syncs = _flush_cost(kinds)
     many_add, many_flush, many_syncs = _flush_cost(kinds * 50)
     assert (few_add, many_add) == (len(kinds), 50 * len(kinds))  # one copy_ per value
-    assert few_flush == many_flush <= 100  # per flush: a constant for each device/dtype group
+    # per flush: a constant for each device/dtype group (float32 with the integers, float16, float64)
+    assert few_flush == many_flush <= 3 * 60
     assert few_syncs == many_syncs == 0  # no .item() anywhere
     assert (many_add + many_flush) / (50 * len(kinds)) <= 2
 

@@ -105,28 +105,37 @@ class _Count(TorchDispatchMode):
 
 
 def test_at_most_two_kernels_per_value_and_no_host_read_per_value(tmp_path, monkeypatch):
+    """Counted in the steps after the first (whose flush allocates the staging buffer and its
+    zeros once: amortized to nothing over a run)."""
     counter = _Count()
     real_add, real_flush = StatBatcher.add, StatBatcher.flush
+    steady = []
 
     def add(self, v):
+        if not steady:
+            return real_add(self, v)
         counter.values += 1
         with counter:
             return real_add(self, v)
 
     def flush(self):
+        if not steady:
+            out = real_flush(self)
+            steady.append(True)
+            return out
         with counter:
             return real_flush(self)
 
     monkeypatch.setattr(StatBatcher, "add", add)
     monkeypatch.setattr(StatBatcher, "flush", flush)
     cap = compile_backend(tmp_path / "c", inner="eager", device_stats=True)
-    _train(cap, steps=3)
+    _train(cap, steps=4)
     kernels = sum(counter.ops.values())
     assert counter.values > 90  # 3 steps x (forward + backward values)
     assert kernels / counter.values <= 2.0, (kernels, counter.values, counter.ops)
     assert counter.ops["aten.copy_.default"] >= counter.values  # one staging copy per value (and the flush's)
     assert not any(k.startswith(("aten._local_scalar_dense", "aten.item")) for k in counter.ops)
-    assert cap.transfers == 3  # one flush, one transfer, per step
+    assert cap.transfers == 4  # one flush, one transfer, per step
 
 
 def test_a_value_the_batcher_does_not_take_is_measured_by_the_op_itself():

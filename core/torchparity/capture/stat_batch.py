@@ -41,6 +41,7 @@ import torch
 from .stats import stats_tensor
 
 DEFAULT_BUDGET_BYTES = 64 << 20  # staging bytes per (device, staging dtype) before a flush is forced
+CUDA_BUDGET_BYTES = 256 << 20  # the same on CUDA (at most 1 % of the device's memory)
 ROW = 1024  # elements per row of the staging matrix (a value takes whole rows)
 _FIRST_CAPACITY = 1 << 16  # elements allocated at first use; doubled up to the budget
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -100,8 +101,24 @@ class _Group:
         self.result: torch.Tensor | None = None
 
 
+_NATIVE = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # staged as they are
+
+
 def _staging_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
+    """Floating values are staged in their own dtype (a bfloat16 value costs 2 bytes a copy and a
+    read, not 4); integers, bool and the float8 types in float32 (exact for their ranges)."""
+    return t.dtype if t.dtype in _NATIVE else torch.float32
+
+
+def _budget(device: torch.device) -> int:
+    """Default staging bytes per group: larger on CUDA (fewer flushes: each costs some 40 kernel
+    launches), never over 1 % of the device's memory."""
+    if device.type == "cuda":
+        try:
+            return min(CUDA_BUDGET_BYTES, torch.cuda.get_device_properties(device).total_memory // 100)
+        except (RuntimeError, AssertionError, AttributeError):  # pragma: no cover - no such device
+            return DEFAULT_BUDGET_BYTES
+    return DEFAULT_BUDGET_BYTES
 
 
 def _alloc(n: int, dtype: torch.dtype, device: torch.device, zero: bool = False) -> torch.Tensor:
@@ -125,11 +142,12 @@ class StatBatcher:
     staging buffer would pass the byte budget is flushed by ``add`` itself; the caller flushes when
     it hands records on (each batch, the end of a step and of the dump)."""
 
-    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES, force_fallback: bool = False) -> None:
-        if not isinstance(budget_bytes, int) or budget_bytes <= 0:
+    def __init__(self, budget_bytes: int | None = None, force_fallback: bool = False) -> None:
+        if budget_bytes is not None and (not isinstance(budget_bytes, int) or budget_bytes <= 0):
             raise ValueError(f"budget_bytes must be a positive int (got {budget_bytes!r})")
-        self.budget_bytes = budget_bytes
+        self.budget_bytes = budget_bytes  # None: :func:`_budget` of each device
         self.force_fallback = force_fallback  # use the scatter reductions (tests)
+        self._arange: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._groups: dict[tuple[torch.device, torch.dtype], _Group] = {}
         self.queued = 0  # values added since the last flush
         self.added = 0  # values added in all (for the counting bench)
@@ -147,7 +165,7 @@ class StatBatcher:
             g = self._groups[key] = _Group(v.device, sd)
         self.queued += 1
         self.added += 1
-        limit = self.budget_bytes // (8 if sd == torch.float64 else 4)
+        limit = (self.budget_bytes or _budget(v.device)) // sd.itemsize
         w = _row_width(limit)
         limit = limit // w * w
         rows = -(-n // w)
@@ -218,54 +236,88 @@ class StatBatcher:
                 out: torch.Tensor) -> None:
         """``out[i] = [max, min, mean, norm, nan, inf]`` of value ``i``, staged in ``rows[i]``
         consecutive rows of the matrix ``x`` (``lengths[i]`` elements, then zeros): a constant
-        number of kernels whatever the number of values."""
+        number of kernels (about 34) whatever the number of values."""
         k, (n_rows, w) = len(lengths), x.shape
-        last = []
-        pos = -1
+        last, pos = [], -1
         for r in rows:
             pos += r
             last.append(pos)
-        meta = _to_device(torch.tensor([lengths, rows, last, [n - (r - 1) * w for n, r in zip(lengths, rows)]],
-                                       dtype=torch.int64), device)
-        lens, nrows, last_row, valid = meta[0], meta[1], meta[2], meta[3]
+        valid = [n - (r - 1) * w for n, r in zip(lengths, rows)]
+        meta = _to_device(torch.tensor(lengths + rows + last + valid + rows * 4, dtype=torch.int64), device)
+        lens, nrows, last_row, valid_t = meta[:k], meta[k:2 * k], meta[2 * k:3 * k], meta[3 * k:4 * k]
         seg = _Segments(nrows, k, n_rows, device, self.force_fallback)
-        # max/min: of every row, then the last row of each value again without its zero padding
-        row_max, row_min = torch.amax(x, dim=1), torch.amin(x, dim=1)
+        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        acc = torch.float64 if device.type in _FLOAT64_DEVICES else work
+        row_min, row_max = _aminmax_rows(x)  # of the padded rows (fixed below for max/min)
+        # Sums and squares without overflow or underflow and without a float64 copy of the
+        # staging buffer: each row divided by an exact power of two near its largest magnitude
+        # (the padding's zeros never change a largest magnitude), so that float32 sums of the
+        # quotients' squares stay in range (attention masks of finfo.min, 1e20 in float32, tiny
+        # values); the rows' results are scaled back and summed in float64 where the device has it.
+        # (an Inf counts as the dtype's largest value: a row holding Inf and a huge finite value
+        # must not overflow that value in the division)
+        amag = torch.maximum(row_max, row_min.neg()).clamp_(max=torch.finfo(x.dtype).max)
+        rscale = _pow2_scale(amag, work)
+        y = x / rscale.unsqueeze(1)  # float32 (float64) quotients in [-1, 1], one kernel
+        # per row: sum, norm, NaN and Inf counts (exact in float32: at most 1024), one stack
+        parts = torch.stack([torch.sum(y, dim=1), torch.linalg.vector_norm(y, 2, dim=1),
+                             torch.isnan(x).sum(dim=1, dtype=work), torch.isinf(x).sum(dim=1, dtype=work)]).to(acc)
+        # max/min: the last row of each value again, its padding replaced by the value's first
+        # element there (always a value element: a last row holds at least one)
         tail = x.index_select(0, last_row)
-        pad = torch.arange(w, device=device).unsqueeze(0) >= valid.unsqueeze(1)
-        row_max.index_copy_(0, last_row, torch.amax(tail.masked_fill(pad, -math.inf), dim=1))
-        row_min.index_copy_(0, last_row, torch.amin(tail.masked_fill(pad, math.inf), dim=1))
+        pad = self._columns(w, device) >= valid_t.unsqueeze(1)
+        tail_min, tail_max = _aminmax_rows(torch.where(pad, tail[:, :1], tail))
+        row_max.index_copy_(0, last_row, tail_max)
+        row_min.index_copy_(0, last_row, tail_min)
         mx = seg.reduce(row_max, "max")
         mn = seg.reduce(row_min, "min")
-        # Sums in float64 where the device has it (the host path's accuracy or better: a float32
-        # sum of a long value would drift by more than the judge's rounding allowance). Where
-        # squares could leave the accumulation dtype's range (float64 values; devices without
-        # float64), of the values divided by an exact power of two near their largest magnitude
-        # (frexp/exp2, so float32's own maximum gives 2**127, never inf). Padding zeros add nothing.
-        acc = torch.float64 if device.type in _FLOAT64_DEVICES else x.dtype
-        if acc == torch.float64 and x.dtype == torch.float32:
-            # float32 values summed in float64: their squares neither overflow nor underflow
-            # float64, so no scale is needed (the reductions cast on the fly: no float64 copy)
-            scale = torch.ones(k, dtype=acc, device=device)
-            row_sum = torch.sum(x, dim=1, dtype=acc)
-            row_sq = torch.linalg.vector_norm(x, 2, dim=1, dtype=acc).square()
-        else:
-            amax = torch.maximum(mx.abs(), mn.abs()).to(acc)
-            ok = torch.isfinite(amax) & (amax > 0)
-            _, exp = torch.frexp(torch.where(ok, amax, torch.ones_like(amax)))
-            scale = torch.exp2((exp - 1).to(acc))  # exact; torch.ldexp overflows its int power on torch 2.1
-            y = x.to(acc) / torch.repeat_interleave(scale, nrows, output_size=n_rows).unsqueeze(1)
-            row_sum = torch.sum(y, dim=1)
-            row_sq = torch.sum(y * y, dim=1)
-        total_sum = seg.reduce(row_sum, "sum")
-        sq = seg.reduce(row_sq, "sum")
-        nan = seg.reduce(torch.isnan(x).sum(dim=1, dtype=acc), "sum")
-        inf = seg.reduce(torch.isinf(x).sum(dim=1, dtype=acc), "sum")
+        if acc == torch.float64 and work == torch.float32:
+            # a row's sum times its scale is below 1024 * 2**128 and its square below 2**276:
+            # float64 holds both, so the rows are summed as they are
+            vscale = None
+            parts[:2].mul_(rscale)
+        else:  # float64 values, or a device without float64: the rows to their value's scale first
+            vscale = seg.reduce(rscale, "max")
+            parts[:2].mul_(rscale / torch.repeat_interleave(vscale, nrows, output_size=n_rows))
+        parts[1].square_()
+        per_value = _Segments(meta[4 * k:], 4 * k, 4 * n_rows, device, self.force_fallback)
+        total_sum, sq, nan, inf = per_value.reduce(parts.view(-1), "sum").view(4, k)
         rd = out.dtype  # float64 where the device has it: a norm past float32's range stays finite
-        scale = scale.to(rd)
-        mean = total_sum.to(rd) * scale / lens
-        norm = torch.sqrt(sq.to(rd)) * scale
+        mean = total_sum.to(rd) / lens
+        norm = torch.sqrt(sq.to(rd))
+        if vscale is not None:
+            vscale = vscale.to(rd)
+            mean *= vscale
+            norm *= vscale
         torch.stack([mx.to(rd), mn.to(rd), mean, norm, nan.to(rd), inf.to(rd)], dim=1, out=out)
+
+    def _columns(self, w: int, device: torch.device) -> torch.Tensor:
+        """``arange(w)`` on ``device``, made once."""
+        key = (w, device)
+        c = self._arange.get(key)
+        if c is None:
+            with torch.inference_mode(False):
+                c = self._arange[key] = torch.arange(w, device=device).unsqueeze(0)
+        return c
+
+
+def _aminmax_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of each row of ``x``: one kernel (two where aminmax lacks the dtype)."""
+    try:
+        return torch.aminmax(x, dim=1)
+    except (RuntimeError, NotImplementedError):  # e.g. torch < 2.2 on CPU float16
+        return torch.amin(x, dim=1), torch.amax(x, dim=1)
+
+
+def _pow2_scale(amag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An exact power of two at most each largest magnitude ``amag`` (half its binade's top), in
+    ``dtype``: finite and non-zero whatever ``amag`` holds (0 and NaN give exponent 0, so 1/2: a
+    row holding NaN has a NaN sum whatever it is divided by). frexp/exp2 rather
+    than torch.ldexp, whose int power overflows on torch 2.1."""
+    _, exp = torch.frexp(amag)
+    exp = exp - 1
+    # exp2 of an int tensor is float32 (the default dtype) without a cast kernel
+    return torch.exp2(exp if dtype == torch.float32 else exp.to(dtype)).to(dtype)
 
 
 class _Segments:

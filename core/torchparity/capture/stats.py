@@ -43,7 +43,9 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
     if t.dtype.is_floating_point:
         acc = _acc_dtype(t)
         mn, mx = _aminmax(t)
-        mean = t.mean(dtype=acc)
+        # the mean in float64 where the device has it: a float32 sum of finfo.min attention masks
+        # overflows (the host path and the batched path give the finite mean)
+        mean = t.mean(dtype=torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else acc)
         # float64 where it is cheap: squares of huge float32/bfloat16 values overflow float32
         norm = torch.linalg.vector_norm(t, dtype=torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else acc)
         if t.device.type == "cpu" and math.isfinite(mx.item()) and math.isfinite(mn.item()):
