@@ -16,6 +16,11 @@ path one copy kernel per value into a pool buffer (on an accelerator: a device s
 table shows the values copied that way, those copied blocking instead (pool full, unsupported
 value), and the training thread's blocking host copies per step (target 0 per value).
 
+The NaN/Inf screen is counted the same way on its accelerator path (``_host_read = False``): its
+kernels per intercepted op and its scalar reads and host copies per step (target 0 per op; the
+table shows 721 reads per step on the HF Llama with the session-10 code, one per op input, which
+was 1121 host syncs per step on an H200).
+
 Models: the bench model (bench/_common.py, TinyLlama dim 256, batch 8x128) and a small HF Llama
 (``transformers.LlamaConfig``, random init). ``--timing`` also times aten+statistics with
 device_stats off and on against tool-off on the bench model (what the batched path costs on a CPU).
@@ -42,6 +47,7 @@ import torchparity  # noqa: E402
 from torchparity.capture.tool_state import tool_is_busy  # noqa: E402
 
 _SCALAR = torch.ops.aten._local_scalar_dense.default
+_NONZERO = torch.ops.aten.is_nonzero.default  # bool(tensor): a scalar read too
 _TO = (torch.ops.aten._to_copy, torch.ops.aten.to)
 _COPY = torch.ops.aten.copy_.default
 _EMPTY = (torch.ops.aten.empty, torch.ops.aten.empty_strided)  # allocations: counted, but no launch
@@ -53,6 +59,7 @@ class Counter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.kernels = self.busy_kernels = self.scalars = self.to_host = self.allocs = 0
+        self.busy_scalars = self.busy_to_host = 0  # of the tool's own work (tool_is_busy())
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -62,13 +69,16 @@ class Counter(TorchDispatchMode):
                 self.busy_kernels += 1
                 if func.overloadpacket in _EMPTY:
                     self.allocs += 1
-        if func is _SCALAR:
+        if func is _SCALAR or func is _NONZERO:
             self.scalars += 1
+            self.busy_scalars += tool_is_busy()
         elif func.overloadpacket in _TO and _to_cpu(args, kwargs) \
                 and (tool_is_busy() or args[0].device.type != "cpu"):  # on the CPU-forced path: the tool's host copy
             self.to_host += 1
+            self.busy_to_host += tool_is_busy()
         elif func is _COPY and args[0].device.type == "cpu" and args[1].device.type != "cpu":
             self.to_host += 1
+            self.busy_to_host += tool_is_busy()
         return func(*args, **kwargs)
 
 
@@ -230,6 +240,32 @@ def compiled_counts(steps: int) -> str:
             f"{counter.scalars / steps:.0f} | {(cap.transfers - t0) / steps:.0f} |")
 
 
+def naninf_table(models: dict[str, tuple[Callable[[], Any], torch.nn.Module, str]], steps: int) -> str:
+    """The NaN/Inf screen on its accelerator path run on the CPU (``_host_read = False``: screens
+    stay device tensors until the step's fold, as on CUDA): the tool's kernels per intercepted op,
+    and its scalar reads and host copies per step (each is a host sync on an accelerator: target
+    1 per step, the fold's read, which is a ``.tolist()`` and so not an aten op: 0 here)."""
+    from torchparity.capture.op_stream import op_stream
+
+    rows = ["| model | ops intercepted / step | tool kernels / op | tool scalar reads / step "
+            "| tool host copies / step |", "|---|---|---|---|---|"]
+    for name, (step, model, _) in models.items():
+        step()
+        tracker = torchparity.NanInfTracker(model)
+        tracker._host_read = False
+        with Counter() as c:
+            with tracker:
+                step()  # the tracker's first step (its tables are made) is not counted
+                k0, s0, h0, n0 = c.busy_kernels, c.busy_scalars, c.busy_to_host, op_stream().intercepted
+                for _ in range(steps):
+                    step()
+                k1, s1, h1, n1 = c.busy_kernels, c.busy_scalars, c.busy_to_host, op_stream().intercepted
+        ops = max(n1 - n0, 1)
+        rows.append(f"| {name} | {ops / steps:.0f} | {(k1 - k0) / ops:.2f} | {(s1 - s0) / steps:.1f} "
+                    f"| {(h1 - h0) / steps:.1f} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="bench,llama", help="comma list: bench, llama")
@@ -268,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--modes: unknown mode(s) {sorted(bad)}; use statistics, md5, tensor")
     print(f"\nCounts per {a.steps} steps, device_stats=True on the CPU:\n")
     print(counts_table(models, a.levels.split(","), a.steps, modes))
+    print(f"\nNaN/Inf screen, device path on the CPU, per {a.steps} steps:\n")
+    print(naninf_table(models, a.steps))
     if a.timing:
         print("\nCPU cost of the batched path (aten + statistics):\n")
         print(timing_table(a.rounds, 3))
