@@ -308,9 +308,9 @@ class CaptureSession(MeasurementReuse):
         uninit = self.uninit if self.uninit._ptrs else None  # describing marks nothing: asked once
         producers = self._producers._d if link else None  # TensorMemo.get(), inlined below
         append = entries.append
-        # the common case, measured here without a call per value (_measure's statistics-mode,
-        # host-statistics path with reuse: see _measure_stats)
-        fast = want_io and self.reuse_stats and self._host_stats and o.mode == "statistics"
+        # the common case, measured here without a call per value (_measure's statistics-mode
+        # path with reuse: see _measure_stats)
+        fast = want_io and self.reuse_stats and o.mode == "statistics"
         for arg, v in values:
             if isinstance(v, Tensor):
                 try:
@@ -416,7 +416,7 @@ class CaptureSession(MeasurementReuse):
 
     def _measure_stats(self, v: torch.Tensor, e: TensorEntry) -> None:
         """:meth:`_measure` for the common case, the same result with less work per value:
-        statistics mode, host statistics, reuse on, a plain tensor (no DTensor). A remembered
+        statistics mode, reuse on, a plain tensor (no DTensor). A remembered
         measurement with a checksum (from a step of another mode) goes the general way."""
         m = self._measured._d.get(id(v))  # _lookup(), inlined
         hit = None
@@ -433,7 +433,7 @@ class CaptureSession(MeasurementReuse):
                 return
             st = hit[0]
         else:
-            st = host_stats(v) if v.is_cpu else self._batcher.add(v)
+            st = host_stats(v) if self._host_stats and v.is_cpu else self._batcher.add(v)
             try:  # _remember(), inlined
                 ptr = v.untyped_storage().data_ptr()
                 memo = self._measured
