@@ -33,22 +33,26 @@ from _common import Bench, machine, model_line  # noqa: E402
 STEP_TARGET, COMPILE_TARGET = 1.2, 1.5
 
 
-def _make(bench: Bench, on: bool, root: str):
+_DEVICE_STATS = {"default": None, "off": False, "on": True}
+
+
+def _make(bench: Bench, on: bool, root: str, device_stats: str = "default"):
     """Compile ``bench.model`` with the capture on or off; returns (compiled model, capture)."""
     import torchparity
 
     if not on:
         return torch.compile(bench.model, backend="inductor"), None
-    cap = torchparity.compile_backend(tempfile.mkdtemp(dir=root), inner="inductor")
+    cap = torchparity.compile_backend(tempfile.mkdtemp(dir=root), inner="inductor",
+                                      device_stats=_DEVICE_STATS[device_stats])
     cap.attach(bench.opt)
     return torch.compile(bench.model, backend=cap), cap
 
 
-def _child(on: bool, device: str, quick: bool) -> None:
+def _child(on: bool, device: str, quick: bool, device_stats: str = "default") -> None:
     """One cold compile (a fresh Inductor cache dir was set by the parent): the first step's time."""
     bench = Bench(device, quick=quick)
     root = tempfile.mkdtemp()
-    bench.model, cap = _make(bench, on, root)
+    bench.model, cap = _make(bench, on, root, device_stats)
     t0 = time.perf_counter()
     bench.step()
     bench.sync()
@@ -61,7 +65,8 @@ def _child(on: bool, device: str, quick: bool) -> None:
 def _cold_compile(on: bool, a: argparse.Namespace) -> float:
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-        cmd = [sys.executable, __file__, "--_child", "on" if on else "off", "--device", a.device]
+        cmd = [sys.executable, __file__, "--_child", "on" if on else "off", "--device", a.device,
+               "--device-stats", a.device_stats]
         if a.quick:
             cmd.append("--quick")
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -79,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps of each model after its compile (default 3)")
     ap.add_argument("--compiles", type=int, default=1, help="cold compiles of each configuration (default 1; 0: per-step figures only)")
     ap.add_argument("--quick", action="store_true", help="tiny model, for a smoke test")
+    ap.add_argument("--device-stats", choices=sorted(_DEVICE_STATS), default="default",
+                    help="compile_backend(device_stats=...): default (accelerator values batched by the "
+                         "in-graph statistics op), off (statistics computed in the graph, one host copy per "
+                         "step), on (CPU values batched too)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "compile.md"),
                     help="results file (default bench/results/compile.md)")
     ap.add_argument("--_child", choices=["on", "off"], help=argparse.SUPPRESS)
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_compile: --device cuda: no CUDA device here; skipped", flush=True)
         return 0
     if a._child:
-        _child(a._child == "on", a.device, a.quick)
+        _child(a._child == "on", a.device, a.quick, a.device_stats)
         return 0
     if a.rounds * a.steps < 20:
         print("bench_compile: rounds x steps must be >= 20", file=sys.stderr)
@@ -96,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     off, on = Bench(a.device, quick=a.quick), Bench(a.device, quick=a.quick)
     print(model_line(off), flush=True)
     off.model, _ = _make(off, False, root)
-    on.model, cap = _make(on, True, root)
+    on.model, cap = _make(on, True, root, a.device_stats)
     for b in (off, on):
         for _ in range(a.warmup):
             b.step()

@@ -14,6 +14,9 @@
 #   PART=s11b: the same after the NaN-screen sync fix, full logs kept: gpu_checks, the CUDA compile
 #             test, the op stream on the bench model and the 1B Llama, bench_compile per step only
 #   PART=s11c: after the row-wise statistics flush: its CUDA test, the 1B Llama, bench_compile, bench model
+#   PART=recheck: for the next session with a GPU (about 6 minutes): the CUDA tests of the statistics
+#             batcher and the NaN screen, gpu_checks, the 1B Llama and the bench model through the op
+#             stream, bench_compile per step with the in-graph op (default) and with device_stats off
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -63,6 +66,21 @@ elif [ "$part" = s11c ]; then
     --out "$out/compile_cuda.md" 2>&1 | grep -E 'round|^\|'
   stamp stream-bench; timeout 35 python bench/bench_stream.py --device cuda --model bench --rounds 3 --levels module,aten \
     --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
+  stamp done
+elif [ "$part" = recheck ]; then
+  export PYTHONUNBUFFERED=1
+  stamp() { echo "=== $(date +%T) $*"; }
+  stamp pytest; timeout 60 python -m pytest -p no:cacheprovider -p no:warnings tests/capture/test_stat_batch.py \
+    tests/online/test_naninf_host_reads.py tests/compile/test_compile_batched_stats.py 2>&1 | tail -3
+  stamp checks; timeout 45 python bench/gpu_checks.py --out "$out/checks.md" 2>&1 | tail -4
+  stamp llama1b; timeout 150 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --rounds 2 \
+    --levels module,aten --out "$out/stream_llama1b.md" 2>&1 | grep -vE '^\s*$|warn'
+  stamp stream-bench; timeout 40 python bench/bench_stream.py --device cuda --model bench --rounds 3 --levels module,aten \
+    --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
+  for ds in default off; do
+    stamp compile-$ds; timeout 60 python bench/bench_compile.py --device cuda --compiles 0 --rounds 4 --steps 5 \
+      --device-stats $ds --out "$out/compile_cuda_$ds.md" 2>&1 | grep -E 'round|^\|'
+  done
   stamp done
 elif [ "$part" = issues17_18 ]; then
   python -m pytest -q -p no:cacheprovider tests/compile tests/watch 2>&1 | tail -5 | tee "$out/pytest_17_18.txt"
