@@ -87,11 +87,14 @@ class RowRef:
 class _Group:
     """Staging state of one (device, staging dtype)."""
 
-    __slots__ = ("device", "dtype", "staging", "used", "lengths", "rows", "singles", "chunk", "result")
+    __slots__ = ("device", "dtype", "width", "limit", "staging", "used", "lengths", "rows", "singles", "chunk",
+                 "result")
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
         self.device = device
         self.dtype = dtype
+        self.width = 1  # elements per staging row
+        self.limit = 0  # staging elements before a flush (a multiple of the width)
         self.staging: torch.Tensor | None = None  # zero wherever no value is staged
         self.used = 0  # elements, a multiple of the row width
         self.lengths: list[int] = []  # elements of each staged value
@@ -163,11 +166,12 @@ class StatBatcher:
         g = self._groups.get(key)
         if g is None:
             g = self._groups[key] = _Group(v.device, sd)
+            limit = (self.budget_bytes or _budget(v.device)) // torch.empty((), dtype=sd).element_size()
+            g.width = _row_width(limit)
+            g.limit = limit // g.width * g.width
         self.queued += 1
         self.added += 1
-        limit = (self.budget_bytes or _budget(v.device)) // sd.itemsize
-        w = _row_width(limit)
-        limit = limit // w * w
+        w, limit = g.width, g.limit
         rows = -(-n // w)
         span = rows * w
         if span > limit or type(v) not in _PLAIN:  # too large to stage, or a tensor subclass
@@ -224,7 +228,7 @@ class StatBatcher:
             if k:
                 assert g.staging is not None
                 staged = g.staging[:g.used]
-                self._reduce(staged.view(-1, g.used // sum(g.rows)), g.lengths, g.rows, g.device, out[:k])
+                self._reduce(staged.view(-1, g.width), g.lengths, g.rows, g.device, out[:k])
                 staged.zero_()  # the padding of the next values (one memset per flush)
             if m:
                 torch.stack([s.to(out.dtype) for s in g.singles], out=out[k:])
