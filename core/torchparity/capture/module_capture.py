@@ -25,12 +25,17 @@ from .session import CaptureSession
 class ModuleCapture:
     """Listener on the tracker. ``record=False`` only tags autograd nodes (aten/api levels
     without a light tier); with ``record=True`` it records on the steps whose
-    :attr:`CaptureSession.module_step` is set (module level, or a light step)."""
+    :attr:`CaptureSession.module_step` is set (module level, or a light step). ``tag=False``
+    (module level alone): no tags, nobody reads them."""
 
-    def __init__(self, session: CaptureSession, tracker: ModuleTracker, record: bool) -> None:
+    def __init__(self, session: CaptureSession, tracker: ModuleTracker, record: bool, tag: bool = True) -> None:
         self.session = session
         self.tracker = tracker
         self.record = record
+        # tag autograd nodes only for an op-level capture (api/aten) that names backward ops by
+        # them: module level alone attributes backward by its own hooks (a walk of each call's
+        # nodes in Python: ~160 us per module call on a GPU machine's host)
+        self.tag = tag
         self._open: dict[int, tuple[Any, list[Any]]] = {}  # id(frame) -> (pending record, input grad_fns)
         self._param_hooks: "weakref.WeakKeyDictionary[torch.nn.Module, list[Any]]" = weakref.WeakKeyDictionary()
         self._handles: list[Any] = []
@@ -94,7 +99,7 @@ class ModuleCapture:
                                module=frame.path, module_class=frame.cls,
                                name=module_record_name(frame.path, frame.cls, phase, frame.call_index),
                                flags={"compute_dtype": cd} if cd else None)
-        if torch.is_grad_enabled() and not frame.recompute:
+        if self.tag and torch.is_grad_enabled() and not frame.recompute:
             tag_graph(output, {"module": frame.path, "module_class": frame.cls,
                                "fwd": rec.id if rec is not None else None, "node": None}, stop_at=stop,
                        since=frame.seq0)

@@ -201,7 +201,8 @@ class Dumper:
                 stack.enter_context(_activate_backend(o.backend))
             stack.enter_context(tracker)
             self._module_capture = ModuleCapture(self.session, tracker,
-                                                 record="module" in o.levels or o.light is not None)
+                                                 record="module" in o.levels or o.light is not None,
+                                                 tag=bool(o.levels & {"api", "aten"}))
             stack.callback(self._module_capture.detach)
             import torch.optim.optimizer as optim_mod
 
