@@ -281,3 +281,36 @@ def test_values_on_row_boundaries_and_long_values(device: str) -> None:
     for v, r in zip(vals, refs):
         assert r is not None
         _close(r.values(), host_stats(v))  # type: ignore[arg-type]
+
+
+def test_values_measured_alone_float64_huge_float8_and_wide_integers() -> None:
+    """Found by an adversarial review: a float64 value measured alone (over the budget) had an
+    infinite norm at 1e200, a float8 value measured alone raised, and 32/64-bit integers staged in
+    float32 lost their last bits (16777217 read as 16777216)."""
+    b = StatBatcher(budget_bytes=400)  # 50 float64 / 100 float32 elements: larger values go alone
+    huge = torch.full((100,), 1e200, dtype=torch.float64)
+    refs = [b.add(huge)]
+    if hasattr(torch, "float8_e4m3fn"):
+        f8 = torch.linspace(-3, 3, 1027).to(torch.float8_e4m3fn)
+        refs.append(b.add(f8))
+    wide = [torch.tensor([16777217]), torch.tensor([2**31 - 1], dtype=torch.int32),
+            torch.full((40,), 16777217, dtype=torch.int64)]
+    b2 = StatBatcher()
+    wide_refs = [b2.add(w) for w in wide]
+    b.flush()
+    b2.flush()
+    got = refs[0].values()  # type: ignore[union-attr]
+    assert got[3] == pytest.approx(1e201, rel=1e-12) and math.isfinite(got[3])
+    if len(refs) > 1:
+        _close(refs[1].values(), host_stats(f8.float()))  # type: ignore[union-attr,arg-type]
+    for w, r in zip(wide, wide_refs):
+        assert r is not None
+        assert r.values()[:2] == [float(w.max()), float(w.min())]  # exact
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e5m2"), reason="no float8 dtypes in this torch")
+@pytest.mark.parametrize("n", [4, 64, 300_000])
+def test_host_stats_of_float8_values(n: int) -> None:
+    """A CPU float8 value of more than 32 elements raised (no promotion for float8 types)."""
+    v = torch.linspace(-3, 3, n).to(torch.float8_e5m2)
+    assert host_stats(v) == pytest.approx(host_stats(v.float()))  # type: ignore[arg-type]

@@ -105,12 +105,19 @@ class _Group:
 
 
 _NATIVE = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # staged as they are
+#: integers wider than float32's 24-bit mantissa: staged in float64 where the device has it
+_WIDE_INTS = tuple(getattr(torch, n) for n in ("int32", "int64", "uint32", "uint64") if hasattr(torch, n))
 
 
 def _staging_dtype(t: torch.Tensor) -> torch.dtype:
     """Floating values are staged in their own dtype (a bfloat16 value costs 2 bytes a copy and a
-    read, not 4); integers, bool and the float8 types in float32 (exact for their ranges)."""
-    return t.dtype if t.dtype in _NATIVE else torch.float32
+    read, not 4); 32- and 64-bit integers in float64 (exact up to 2**53; float32 where the device
+    has no float64); the narrower integers, bool and the float8 types in float32 (exact)."""
+    if t.dtype in _NATIVE:
+        return t.dtype
+    if t.dtype in _WIDE_INTS and t.device.type in _FLOAT64_DEVICES:
+        return torch.float64
+    return torch.float32
 
 
 def _budget(device: torch.device) -> int:

@@ -40,14 +40,24 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
     if t.numel() == 0 or t.is_complex() or t.device.type == "meta" or t.layout != torch.strided:
         return None
     t = t.detach()
+    if t.dtype.is_floating_point and t.element_size() == 1:  # float8: no reductions, no promotion
+        t = t.float()
     if t.dtype.is_floating_point:
         acc = _acc_dtype(t)
         mn, mx = _aminmax(t)
         # the mean in float64 where the device has it: a float32 sum of finfo.min attention masks
         # overflows (the host path and the batched path give the finite mean)
         mean = t.mean(dtype=torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else acc)
-        # float64 where it is cheap: squares of huge float32/bfloat16 values overflow float32
-        norm = torch.linalg.vector_norm(t, dtype=torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else acc)
+        if t.dtype == torch.float64:
+            # squares of float64 values past 1e154 overflow float64 itself: the norm of the value
+            # divided by an exact power of two near its largest magnitude (NaN/Inf: divided by 1)
+            amag = torch.maximum(mx.abs(), mn.abs())
+            amag = torch.where(torch.isfinite(amag) & (amag > 0), amag, torch.ones_like(amag))
+            scale = torch.exp2((torch.frexp(amag)[1] - 1).to(torch.float64))
+            norm = torch.linalg.vector_norm(t / scale) * scale
+        else:
+            # float64 where it is cheap: squares of huge float32/bfloat16 values overflow float32
+            norm = torch.linalg.vector_norm(t, dtype=torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else acc)
         if t.device.type == "cpu" and math.isfinite(mx.item()) and math.isfinite(mn.item()):
             # On the CPU reading a value costs no device sync. max/min propagate NaN and show
             # +-Inf, so finite extremes mean there is nothing to count: skip two full passes.
@@ -113,6 +123,8 @@ def host_stats(t: torch.Tensor) -> list[float] | None:
     if not dt.is_floating_point:
         st = stats_tensor(t)
         return None if st is None else st.tolist()
+    if t.element_size() == 1:  # float8: no reductions, no promotion; float32 holds it exactly
+        t, dt = t.float(), torch.float32
     if n >= _SPLIT_MINMAX and (dt == torch.float32 or dt == torch.float64):
         mx, mn = t.amax(), t.amin()  # both propagate NaN, as aminmax does; the extremes are exact
     else:
