@@ -20,23 +20,9 @@ import contextlib
 from typing import Any, Callable, ContextManager
 
 from ..capture.op_stream import LAYER_DEVICE, OpCall, OpConsumer, op_stream
+from .op_keys import OpKey, Predicate, describe_op, op_key
 
-#: one unit of promotion: (module path, the dump's record name "Aten._softmax.3.forward"): the
-#: same call of every step (call indices restart at every step)
-OpKey = tuple[str, str]
-Predicate = Callable[[OpCall], bool]
-
-
-def op_key(call: OpCall) -> OpKey:
-    """The op unit of a call: its module and record name (``op.phase`` for uncounted ops)."""
-    return (call.module, call.name or f"{call.info.op}.{call.phase}")
-
-
-def describe_op(key: OpKey) -> str:
-    """``layers.0.attn: Aten._softmax.0.forward``."""
-    module, name = key
-    return f"{module or '(top level)'}: {name}"
-
+__all__ = ["OpKey", "Predicate", "UpcastDevice", "describe_op", "op_key", "target_context"]
 
 class UpcastDevice(OpConsumer):
     """Compute the ops a predicate accepts with their bf16/fp16 inputs cast up, results cast back."""

@@ -18,6 +18,7 @@ from typing import Any, Callable, ContextManager
 
 from ..capture.op_stream import LAYER_DEVICE, OpCall, OpConsumer, op_stream
 from ..errors import UsageError
+from .op_keys import describe_op, op_key
 
 
 class ReferenceDevice(OpConsumer):
@@ -64,8 +65,6 @@ class ReferenceDevice(OpConsumer):
 
     def _unpromoted(self, call: OpCall, run: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """Run the op on the device as without promotion, and say so in :attr:`not_promoted`."""
-        from .promote import describe_op, op_key
-
         name = describe_op(op_key(call))
         self.not_promoted[name] = self.not_promoted.get(name, 0) + 1
         return run(*args, **kwargs)
