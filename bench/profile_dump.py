@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--torch-profiler", action="store_true",
+                    help="torch.profiler instead of cProfile: the ops' host time and, on cuda, the "
+                         "kernels' device time per step (is the step host- or device-bound?)")
     ap.add_argument("--model", default="bench", choices=["bench", "llama1b"],
                     help="bench (default) or llama1b (HF Llama ~1 B, bf16, batch 1x1024: for a GPU)")
     a = ap.parse_args(argv)
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         tool.start()
         b.step()
         b.sync()
+        if a.torch_profiler:
+            return _torch_profile(a, b, tool, off)
         pr = cProfile.Profile()
         t0 = time.perf_counter()
         pr.enable()
@@ -71,6 +76,39 @@ def main(argv: list[str] | None = None) -> int:
     what = "NanInfTracker" if a.naninf else f"dump level={a.level} mode={a.mode}"
     print(f"{what} on {a.device}: {on * 1000:.1f} ms/step under cProfile vs {off * 1000:.1f} ms/step off")
     pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
+    return 0
+
+
+def _device_us(e: Any) -> float:
+    """An event's own device time in us (the attribute was renamed across torch releases)."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        v = getattr(e, name, None)
+        if v is not None:
+            return float(v)
+    return 0.0
+
+
+def _torch_profile(a: argparse.Namespace, b: Any, tool: Any, off: float) -> int:
+    """``a.steps`` steps under torch.profiler: wall, the device's busy time and the top ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            b.step()
+        b.sync()
+        on = (time.perf_counter() - t0) / a.steps
+    tool.stop()
+    ev = prof.key_averages()
+    dev = sum(_device_us(e) for e in ev) / a.steps / 1000
+    what = "NanInfTracker" if a.naninf else f"dump level={a.level} mode={a.mode}"
+    print(f"{what} on {a.device}: {on * 1000:.1f} ms/step under torch.profiler vs {off * 1000:.1f} ms/step off; "
+          f"device busy {dev:.1f} ms/step (kernels' own time)")
+    key = "self_cpu_time_total"
+    if a.device == "cuda":
+        key = "self_device_time_total" if hasattr(ev[0], "self_device_time_total") else "self_cuda_time_total"
+    print(ev.table(sort_by=key, row_limit=a.top))
     return 0
 
 

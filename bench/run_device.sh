@@ -16,7 +16,8 @@
 #   PART=s11c: after the row-wise statistics flush: its CUDA test, the 1B Llama, bench_compile, bench model
 #   PART=recheck: for the next session with a GPU (about 6 minutes): the CUDA tests of the statistics
 #             batcher and the NaN screen, gpu_checks, the 1B Llama and the bench model through the op
-#             stream, bench_compile per step with the in-graph op (default) and with device_stats off
+#             stream, torch.profiler of the 1B Llama's module and aten dumps (host- or device-bound?),
+#             bench_compile per step with the in-graph op (default) and with device_stats off
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -77,6 +78,10 @@ elif [ "$part" = recheck ]; then
     --levels module,aten --out "$out/stream_llama1b.md" 2>&1 | grep -vE '^\s*$|warn'
   stamp stream-bench; timeout 40 python bench/bench_stream.py --device cuda --model bench --rounds 3 --levels module,aten \
     --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
+  for lv in module aten; do
+    stamp profile-llama1b-$lv; timeout 60 python bench/profile_dump.py --device cuda --model llama1b --level $lv \
+      --torch-profiler --steps 2 --top 25 > "$out/tprof_llama1b_$lv.txt" 2>&1; grep -m1 "ms/step" "$out/tprof_llama1b_$lv.txt"
+  done
   for ds in default off; do
     stamp compile-$ds; timeout 60 python bench/bench_compile.py --device cuda --compiles 0 --rounds 4 --steps 5 \
       --device-stats $ds --out "$out/compile_cuda_$ds.md" 2>&1 | grep -E 'round|^\|'
