@@ -16,9 +16,11 @@ on the event before it reads). No ``.item()``, ``.cpu()`` or ``.tolist()`` per v
 
 Semantics are those of :func:`~torchparity.capture.stats.host_stats`: max/min propagate NaN, the
 norm of a value holding NaN is NaN and of one holding Inf (no NaN) is inf, the counts are exact.
-Values are staged in float32 (float64 values in float64); sums and squares are taken of the value
-divided by a power of two near its largest magnitude (an exact scaling), so squares of huge values
-(1e20 in float32, bfloat16 near its max) neither overflow nor lose anything but accumulation order.
+Values are staged in their own floating dtype (see :func:`_staging_dtype`); sums and squares are
+taken of each row divided by a power of two near its largest magnitude (an exact scaling), then
+scaled back and summed in float64 where the device has it, so squares of huge values (1e20 in
+float32, bfloat16 near its max, finfo.min masks) neither overflow nor lose anything but
+accumulation order, without a float64 copy of the staging buffer.
 
 Why rows: ``torch.segment_reduce`` straight over the values gives each segment ONE thread block
 on CUDA (CUB's segmented reduce), so a flush of a few large activations used a few of the GPU's
@@ -33,7 +35,6 @@ reductions do the same work with the same constant number of kernels.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
