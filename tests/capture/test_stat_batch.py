@@ -161,11 +161,12 @@ def _stats_by_name(root: Path) -> dict[str, list]:
     return out
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bfloat16: staged as bfloat16
 @pytest.mark.parametrize("level", ["aten", "api"])
-def test_dump_records_are_the_same_with_device_stats(tmp_path: Path, level: str) -> None:
+def test_dump_records_are_the_same_with_device_stats(tmp_path: Path, level: str, dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    x = torch.randn(5, 8)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(dtype)
+    x = torch.randn(5, 8, dtype=dtype)
     x[0, 0] = float("nan")
     dumps = {}
     for on in (False, True):
