@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from .stats import stats_tensor
+from .stats import safe_aminmax, pow2_scale, stats_tensor
 
 DEFAULT_BUDGET_BYTES = 64 << 20  # staging bytes per (device, staging dtype) before a flush is forced
 CUDA_BUDGET_BYTES = 256 << 20  # the same on CUDA (at most 1 % of the device's memory)
@@ -260,7 +260,7 @@ class StatBatcher:
         seg = _Segments(nrows, k, n_rows, device, self.force_fallback)
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         acc = torch.float64 if device.type in _FLOAT64_DEVICES else work
-        row_min, row_max = _aminmax_rows(x)  # of the padded rows (fixed below for max/min)
+        row_min, row_max = safe_aminmax(x, dim=1)  # of the padded rows (fixed below for max/min)
         # Sums and squares without overflow or underflow and without a float64 copy of the
         # staging buffer: each row divided by an exact power of two near its largest magnitude
         # (the padding's zeros never change a largest magnitude), so that float32 sums of the
@@ -269,7 +269,7 @@ class StatBatcher:
         # (an Inf counts as the dtype's largest value: a row holding Inf and a huge finite value
         # must not overflow that value in the division)
         amag = torch.maximum(row_max, row_min.neg()).clamp_(max=torch.finfo(x.dtype).max)
-        rscale = _pow2_scale(amag, work)
+        rscale = pow2_scale(amag, work)
         y = x / rscale.unsqueeze(1)  # float32 (float64) quotients in [-1, 1], one kernel
         # per row: sum, norm, NaN and Inf counts (exact in float32: at most 1024), one stack
         parts = torch.stack([torch.sum(y, dim=1), torch.linalg.vector_norm(y, 2, dim=1),
@@ -278,7 +278,7 @@ class StatBatcher:
         # element there (always a value element: a last row holds at least one)
         tail = x.index_select(0, last_row)
         pad = self._columns(w, device) >= valid_t.unsqueeze(1)
-        tail_min, tail_max = _aminmax_rows(torch.where(pad, tail[:, :1], tail))
+        tail_min, tail_max = safe_aminmax(torch.where(pad, tail[:, :1], tail), dim=1)
         row_max.index_copy_(0, last_row, tail_max)
         row_min.index_copy_(0, last_row, tail_min)
         mx = seg.reduce(row_max, "max")
@@ -311,25 +311,6 @@ class StatBatcher:
             with torch.inference_mode(False):
                 c = self._arange[key] = torch.arange(w, device=device).unsqueeze(0)
         return c
-
-
-def _aminmax_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(min, max) of each row of ``x``: one kernel (two where aminmax lacks the dtype)."""
-    try:
-        return torch.aminmax(x, dim=1)
-    except (RuntimeError, NotImplementedError):  # e.g. torch < 2.2 on CPU float16
-        return torch.amin(x, dim=1), torch.amax(x, dim=1)
-
-
-def _pow2_scale(amag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """An exact power of two at most each largest magnitude ``amag`` (half its binade's top), in
-    ``dtype``: finite and non-zero whatever ``amag`` holds (0 and NaN give exponent 0, so 1/2: a
-    row holding NaN has a NaN sum whatever it is divided by). frexp/exp2 rather
-    than torch.ldexp, whose int power overflows on torch 2.1."""
-    _, exp = torch.frexp(amag)
-    exp = exp - 1
-    # exp2 of an int tensor is float32 (the default dtype) without a cast kernel
-    return torch.exp2(exp if dtype == torch.float32 else exp.to(dtype)).to(dtype)
 
 
 class _Segments:

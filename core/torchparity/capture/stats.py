@@ -24,11 +24,24 @@ def _acc_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
-def _aminmax(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def safe_aminmax(t: torch.Tensor, dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of ``t`` (of each slice along ``dim``): one kernel."""
     try:
-        return torch.aminmax(t)
-    except RuntimeError:  # e.g. torch < 2.2 has no CPU aminmax for float16
-        return torch.aminmax(t.float())
+        return torch.aminmax(t, dim=dim)
+    except (RuntimeError, NotImplementedError):  # e.g. torch < 2.2 has no CPU aminmax for float16
+        return torch.aminmax(t.float(), dim=dim)
+
+
+def pow2_scale(amag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An exact power of two at most each largest magnitude ``amag`` (half its binade's top), in
+    ``dtype``, to divide values by before their squares are summed: finite and non-zero whatever
+    ``amag`` holds (0 and NaN give exponent 0, so 1/2: a value holding NaN has a NaN sum whatever
+    it is divided by; clamp Inf to the dtype's largest value first). frexp/exp2 rather than
+    torch.ldexp, whose int power overflows on torch 2.1."""
+    _, exp = torch.frexp(amag)
+    exp = exp - 1
+    # exp2 of an int tensor is float32 (the default dtype) without a cast kernel
+    return torch.exp2(exp if dtype == torch.float32 else exp.to(dtype)).to(dtype)
 
 
 def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
@@ -44,16 +57,14 @@ def stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
         t = t.float()
     if t.dtype.is_floating_point:
         acc = _acc_dtype(t)
-        mn, mx = _aminmax(t)
+        mn, mx = safe_aminmax(t)
         # the mean in float64 where the device has it: a float32 sum of finfo.min attention masks
         # overflows (the host path and the batched path give the finite mean)
         mean = t.mean(dtype=torch.float64 if t.device.type in _FLOAT_ACC_DEVICES else acc)
         if t.dtype == torch.float64:
             # squares of float64 values past 1e154 overflow float64 itself: the norm of the value
-            # divided by an exact power of two near its largest magnitude (NaN/Inf: divided by 1)
-            amag = torch.maximum(mx.abs(), mn.abs())
-            amag = torch.where(torch.isfinite(amag) & (amag > 0), amag, torch.ones_like(amag))
-            scale = torch.exp2((torch.frexp(amag)[1] - 1).to(torch.float64))
+            # divided by an exact power of two near its largest magnitude
+            scale = pow2_scale(torch.maximum(mx, mn.neg()).clamp(max=torch.finfo(t.dtype).max), torch.float64)
             norm = torch.linalg.vector_norm(t / scale) * scale
         else:
             # float64 where it is cheap: squares of huge float32/bfloat16 values overflow float32
@@ -128,7 +139,7 @@ def host_stats(t: torch.Tensor) -> list[float] | None:
     if n >= _SPLIT_MINMAX and (dt == torch.float32 or dt == torch.float64):
         mx, mn = t.amax(), t.amin()  # both propagate NaN, as aminmax does; the extremes are exact
     else:
-        try:  # _aminmax(), inlined
+        try:  # safe_aminmax(), inlined
             mn, mx = torch.aminmax(t)
         except RuntimeError:  # e.g. torch < 2.2 has no CPU aminmax for float16
             mn, mx = torch.aminmax(t.float())
