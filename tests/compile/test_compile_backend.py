@@ -13,6 +13,8 @@ import torchparity
 from torchparity.compile import compile_backend
 from torchparity.errors import UsageError
 
+from tests.compile.conftest import train_compiled
+
 pytestmark = pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 2),
                                 reason="the compile backend needs torch >= 2.2 (AOTAutograd node metadata)")
 
@@ -29,23 +31,9 @@ class Small(nn.Module):
 def _train(backend=None, steps: int = 3):
     torch.manual_seed(0)
     m = Small()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    torch._dynamo.reset()
-    run = torch.compile(m, backend=backend) if backend is not None else m
-    if hasattr(backend, "attach"):
-        backend.attach(opt)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     y = torch.randn(4, 4, generator=torch.Generator().manual_seed(2))
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = ((run(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    if hasattr(backend, "close"):
-        backend.close()
-    return losses, [p.detach().clone() for p in m.parameters()]
+    return train_compiled(m, backend, steps, lambda run, _: ((run(x) - y) ** 2).mean())
 
 
 def _records(path):

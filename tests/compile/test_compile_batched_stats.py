@@ -17,6 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torchparity.capture.stat_batch import StatBatcher
 from torchparity.compile import compile_backend
 
+from tests.compile.conftest import train_compiled
+
 pytestmark = pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 2),
                                 reason="the compile backend needs torch >= 2.2 (AOTAutograd node metadata)")
 
@@ -38,25 +40,15 @@ class Deep(nn.Module):
 def _train(backend, steps: int = 2, nan_at: int | None = None):
     torch.manual_seed(0)
     m = Deep()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    torch._dynamo.reset()
-    run = torch.compile(m, backend=backend)
-    if hasattr(backend, "attach"):
-        backend.attach(opt)
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-    losses = []
-    for i in range(steps):
-        opt.zero_grad()
+
+    def loss_of(run, i: int) -> torch.Tensor:
         xi = x.clone()
         if nan_at == i:
             xi[0, 0] = float("nan")
-        loss = run(xi).square().mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    if hasattr(backend, "close"):
-        backend.close()
-    return losses, [p.detach().clone() for p in m.parameters()]
+        return run(xi).square().mean()
+
+    return train_compiled(m, backend, steps, loss_of)
 
 
 def _records(path, step: int = 0):
