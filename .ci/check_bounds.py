@@ -77,8 +77,8 @@ def declared() -> dict[str, Declared]:
             continue
         if re.match(r"^torch\s*==", line):  # the newest job's exact torch; the lowest job drops it
             continue
-        if re.match(r"^transformers\b", line):  # newest job only (tests on real models); the lowest job drops it
-            continue
+        if re.match(r"^(transformers|triton)\b", line):  # newest job only (real models; Triton's interpreter):
+            continue  # the lowest job drops them
         add(line, "requirements.txt")
     return out
 

@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="parameter dtype of the HF Llama models (default float32)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="sequences per step of the HF Llama models (default 1; more makes a GPU step device-bound)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps after starting the tools (default 1)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per round (default 2)")
@@ -170,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     dtype = getattr(torch, a.dtype)
     if a.model == "llama100m":
-        bench: Any = LlamaBench(a.device, dtype=dtype)
+        bench: Any = LlamaBench(a.device, batch=a.batch, dtype=dtype)
     elif a.model == "llama1b":
-        bench = LlamaBench(a.device, hidden=2048, layers=16, seq=1024, dtype=dtype)
+        bench = LlamaBench(a.device, hidden=2048, layers=16, seq=1024, batch=a.batch, dtype=dtype)
     else:
         bench = Bench(a.device, quick=a.model == "quick")
     line = bench.line() if isinstance(bench, LlamaBench) else model_line(bench)

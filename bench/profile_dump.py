@@ -39,13 +39,14 @@ def main(argv: list[str] | None = None) -> int:
                          "kernels' device time per step (is the step host- or device-bound?)")
     ap.add_argument("--model", default="bench", choices=["bench", "llama1b"],
                     help="bench (default) or llama1b (HF Llama ~1 B, bf16, batch 1x1024: for a GPU)")
+    ap.add_argument("--batch", type=int, default=1, help="sequences per step of llama1b (default 1)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.model == "llama1b":
         from bench_stream import LlamaBench
 
-        b: Any = LlamaBench(a.device, hidden=2048, layers=16, seq=1024, dtype=torch.bfloat16)
+        b: Any = LlamaBench(a.device, hidden=2048, layers=16, seq=1024, batch=a.batch, dtype=torch.bfloat16)
     else:
         b = Bench(a.device)
     for _ in range(3):

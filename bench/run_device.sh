@@ -18,6 +18,10 @@
 #             batcher and the NaN screen, gpu_checks, the 1B Llama and the bench model through the op
 #             stream, torch.profiler of the 1B Llama's module and aten dumps (host- or device-bound?),
 #             bench_compile per step with the in-graph op (default) and with device_stats off
+#   PART=s12a: session 12's first run (about 6 min): the CUDA tests, the 1B Llama at batch 1 and 8, a cProfile
+#             and a torch.profiler of its module-level dump, bench_compile with the in-graph op off
+#   PART=s12b: the one-pass Triton statistics kernel: its CUDA tests, the 1B Llama at batch 8 and 1,
+#             torch.profiler of the batch-8 module-level dump (about 4 min)
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -86,6 +90,39 @@ elif [ "$part" = recheck ]; then
     stamp compile-$ds; timeout 60 python bench/bench_compile.py --device cuda --compiles 0 --rounds 4 --steps 5 \
       --device-stats $ds --out "$out/compile_cuda_$ds.md" 2>&1 | grep -E 'round|^\|'
   done
+  stamp done
+elif [ "$part" = s12a ]; then
+  export PYTHONUNBUFFERED=1
+  stamp() { echo "=== $(date +%T) $*"; }
+  stamp pytest; timeout 50 python -m pytest -p no:cacheprovider -p no:warnings tests/capture/test_stat_batch.py \
+    tests/online/test_naninf_host_reads.py tests/compile/test_compile_batched_stats.py 2>&1 | tail -3
+  stamp llama1b; timeout 90 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --rounds 1 \
+    --levels module,aten --out "$out/stream_llama1b.md" 2>&1 | grep -E 'round'
+  stamp cprofile-llama1b-module; timeout 45 python bench/profile_dump.py --device cuda --model llama1b --level module \
+    --steps 2 --top 45 > "$out/cprof_llama1b_module.txt" 2>&1; head -1 "$out/cprof_llama1b_module.txt"
+  stamp tprof-llama1b-module; timeout 45 python bench/profile_dump.py --device cuda --model llama1b --level module \
+    --torch-profiler --steps 2 --top 30 > "$out/tprof_llama1b_module.txt" 2>&1; grep -m1 "ms/step" "$out/tprof_llama1b_module.txt"
+  stamp llama1b-batch8; timeout 80 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
+    --rounds 1 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E 'round'
+  stamp compile-off; timeout 40 python bench/bench_compile.py --device cuda --compiles 0 --rounds 3 --steps 5 \
+    --device-stats off --out "$out/compile_cuda_off.md" 2>&1 | grep -E 'round|^\|'
+  stamp done
+elif [ "$part" = s12b ]; then
+  export PYTHONUNBUFFERED=1
+  stamp() { echo "=== $(date +%T) $*"; }
+  site=$(python -c "import torchparity, os; print(os.path.dirname(torchparity.__file__))")
+  diff -rq --exclude=__pycache__ core/torchparity "$site" && echo "installed wheel = working tree" || echo "STALE WHEEL"
+  python -c "import triton; print('triton', triton.__version__)"
+  stamp pytest; timeout 75 python -m pytest -p no:cacheprovider -p no:warnings tests/capture/test_stat_triton.py \
+    tests/capture/test_stat_batch.py tests/online/test_naninf_host_reads.py tests/compile/test_compile_batched_stats.py \
+    2>&1 | tail -4
+  stamp llama1b-batch8; timeout 75 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
+    --rounds 1 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E 'round'
+  stamp llama1b; timeout 50 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --rounds 1 \
+    --levels module,aten --out "$out/stream_llama1b.md" 2>&1 | grep -E 'round'
+  stamp tprof-llama1b-b8-module; timeout 40 python bench/profile_dump.py --device cuda --model llama1b --batch 8 \
+    --level module --torch-profiler --steps 2 --top 30 > "$out/tprof_llama1b_b8_module.txt" 2>&1
+  grep -m1 "ms/step" "$out/tprof_llama1b_b8_module.txt"
   stamp done
 elif [ "$part" = issues17_18 ]; then
   python -m pytest -q -p no:cacheprovider tests/compile tests/watch 2>&1 | tail -5 | tee "$out/pytest_17_18.txt"

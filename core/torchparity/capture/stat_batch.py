@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from . import stat_triton
 from .stats import safe_aminmax, pow2_scale, stats_tensor
 
 DEFAULT_BUDGET_BYTES = 64 << 20  # staging bytes per (device, staging dtype) before a flush is forced
@@ -89,11 +90,12 @@ class _Group:
     """Staging state of one (device, staging dtype)."""
 
     __slots__ = ("device", "dtype", "width", "limit", "staging", "used", "lengths", "rows", "singles", "chunk",
-                 "result")
+                 "result", "partials")
 
-    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, device: torch.device, dtype: torch.dtype | None) -> None:
         self.device = device
-        self.dtype = dtype
+        self.dtype = dtype  # None: the Triton group of the device (values measured where they lie)
+        self.partials = None if dtype is not None else stat_triton.Partials(device)
         self.width = 1  # elements per staging row
         self.limit = 0  # staging elements before a flush (a multiple of the width)
         self.staging: torch.Tensor | None = None  # zero wherever no value is staged
@@ -153,11 +155,16 @@ class StatBatcher:
     staging buffer would pass the byte budget is flushed by ``add`` itself; the caller flushes when
     it hands records on (each batch, the end of a step and of the dump)."""
 
-    def __init__(self, budget_bytes: int | None = None, force_fallback: bool = False) -> None:
+    def __init__(self, budget_bytes: int | None = None, force_fallback: bool = False,
+                 triton: bool | None = None) -> None:
         if budget_bytes is not None and (not isinstance(budget_bytes, int) or budget_bytes <= 0):
             raise ValueError(f"budget_bytes must be a positive int (got {budget_bytes!r})")
         self.budget_bytes = budget_bytes  # None: :func:`_budget` of each device
         self.force_fallback = force_fallback  # use the scatter reductions (tests)
+        # the one-pass Triton kernel for the values it takes: None = where usable (CUDA with
+        # Triton; the CPU only under TRITON_INTERPRET=1), False = never (the staging path only)
+        self.triton = triton
+        self._triton_devices: dict[torch.device, bool] = {}
         self._arange: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._groups: dict[tuple[torch.device, torch.dtype], _Group] = {}
         self.queued = 0  # values added since the last flush
@@ -169,6 +176,8 @@ class StatBatcher:
         n = v.numel()
         if n == 0 or v.dtype.is_complex or v.layout != torch.strided or v.device.type == "meta":
             return None
+        if self.triton is not False and type(v) in _PLAIN and stat_triton.eligible(v) and self._triton_on(v.device):
+            return self._add_triton(v, n)
         sd = _staging_dtype(v)
         key = (v.device, sd)
         g = self._groups.get(key)
@@ -205,6 +214,28 @@ class StatBatcher:
         g.rows.append(rows)
         return RowRef(g.chunk, len(g.lengths) - 1)
 
+    def _triton_on(self, device: torch.device) -> bool:
+        on = self._triton_devices.get(device)
+        if on is None:
+            on = self._triton_devices[device] = stat_triton.usable(device)
+        return on
+
+    def _add_triton(self, v: torch.Tensor, n: int) -> RowRef:
+        key = (v.device, None)
+        g = self._groups.get(key)
+        if g is None:
+            g = self._groups[key] = _Group(v.device, None)
+        p = g.partials
+        assert p is not None
+        programs = p.programs(n)
+        if p.full(programs):
+            self._flush_group(g)
+        self.queued += 1
+        self.added += 1
+        p.add(v, programs)
+        g.lengths.append(n)
+        return RowRef(g.chunk, len(g.lengths) - 1)
+
     def _single(self, g: _Group, v: torch.Tensor) -> RowRef | None:
         st = stats_tensor(v)
         if st is None:
@@ -229,11 +260,15 @@ class StatBatcher:
             cap = 64 if g.result is None else g.result.shape[0]
             while cap < rows:
                 cap *= 2
-            rd = torch.float64 if g.dtype == torch.float64 or g.device.type in _FLOAT64_DEVICES else torch.float32
+            rd = torch.float64 if g.dtype in (torch.float64, None) or g.device.type in _FLOAT64_DEVICES \
+                else torch.float32
             g.result = _alloc(cap * 6, rd, g.device).view(cap, 6)
         out = g.result[:rows]
         with torch.no_grad():
-            if k:
+            if g.partials is not None:
+                g.partials.reduce(out, lambda lens, n, total: _Segments(lens, n, total, g.device,
+                                                                        self.force_fallback))
+            elif k:
                 assert g.staging is not None
                 staged = g.staging[:g.used]
                 self._reduce(staged.view(-1, g.width), g.lengths, g.rows, g.device, out[:k])
@@ -331,7 +366,7 @@ class _Segments:
             self._ids = torch.repeat_interleave(torch.arange(self.k, device=self.device), self.lens,
                                                 output_size=self.total)
         if how == "sum":
-            return torch.zeros(self.k, dtype=x.dtype, device=self.device).index_add_(0, self._ids, x)
+            return torch.zeros((self.k, *x.shape[1:]), dtype=x.dtype, device=self.device).index_add_(0, self._ids, x)
         return torch.empty(self.k, dtype=x.dtype, device=self.device).scatter_reduce_(
             0, self._ids, x, "amax" if how == "max" else "amin", include_self=False)
 

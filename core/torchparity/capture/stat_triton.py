@@ -1,0 +1,194 @@
+"""One-pass statistics of a value with a Triton kernel: the CUDA fast path of the statistics batcher.
+
+The staging path of :mod:`.stat_batch` copies each value into a staging matrix and reduces that
+matrix at flush: about fifteen passes over every byte of every value. On a GPU-bound step that is
+the tool's whole cost (an H200, ~1 B-parameter Llama at batch 8x1024: module-level statistics took
+the step from 236 ms to 1397 ms, bench/results/session12/). Here ONE kernel per value reads the
+value once, in its own dtype, where it lies (it must be contiguous), and writes a few *partial*
+rows ``[max, min, sum, sum of squares, NaN count, Inf count]`` (float64) into a preallocated
+buffer: one row per program of its grid. At flush a constant number of torch ops combines each
+value's partial rows into its statistics row. The kernel runs in stream order, so a later in-place
+write to the value cannot change what it measured; nothing is read by the host until the batcher's
+one device-to-host copy per flush.
+
+Numerics are those of :func:`~.stats.host_stats`: max/min ignore NaN and are NaN when the value
+holds one; sums and squares are accumulated in float64 (a bfloat16 finfo.min mask squared is
+~1e77: exact in float64, Inf in float32), so the mean and norm are right for every float32,
+bfloat16 and float16 value. float64 values (whose squares can overflow float64 itself), integer,
+bool and float8 values, non-contiguous values and tensor subclasses take the staging path.
+
+Triton ships with CUDA builds of torch. Without it, or for another device, the staging path is
+used. The kernel uses only what Triton has had since 2.1 (the Triton of torch 2.1). On a machine
+without a GPU it runs under Triton's interpreter when ``TRITON_INTERPRET=1`` is set before the
+import, which is how the tests check it on the CPU (tests/capture/triton_cases.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+triton: Any = None  # imported at first use (some 0.15 s): CPU-only runs never pay it
+tl: Any = None
+_loaded: bool | None = None  # None: not tried yet
+
+BLOCK = 1024  # elements per program per loop iteration
+COLS = 6  # partial row: max, min, sum, sum of squares, NaN count, Inf count
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_NUMEL = 2**31 - 2 * BLOCK  # offsets stay in int32
+_FIRST_ROWS = 1 << 12  # partial rows allocated at first use (doubled as needed, up to LIMIT_ROWS)
+LIMIT_ROWS = 1 << 16  # partial rows before the batcher flushes (3 MB of float64)
+_accumulate: Any = None  # the kernels, defined by _load()
+_stats_partials: Any = None
+
+
+def _load() -> bool:
+    """Import Triton and define the kernel (once); False where Triton is absent or cannot load."""
+    global triton, tl, _loaded, _accumulate, _stats_partials
+    if _loaded is not None:
+        return _loaded
+    try:  # Triton ships with the CUDA builds of torch; absent on CPU-only installs
+        import triton as _triton
+        import triton.language as _tl
+    except Exception:  # ImportError, or a Triton that cannot load on this machine
+        _loaded = False
+        return False
+    triton, tl = _triton, _tl
+    # Both kernels are module globals (Triton resolves a kernel's callees among its globals).
+    # _stats_partials: each program walks the value two blocks at a time (two independent loads in flight per
+    # thread: a reduction is bound by the bytes in flight, not by its arithmetic), keeping per-lane
+    # accumulators, and reduces them to its one partial row at the end.
+
+    @triton.jit
+    def _accumulate(x, inside, mx, mn, s, sq, nans, infs):  # type: ignore[no-untyped-def]
+        x = x.to(tl.float32)
+        ok = inside & (x == x)
+        mx = tl.maximum(mx, tl.where(ok, x, float("-inf")))
+        mn = tl.minimum(mn, tl.where(ok, x, float("inf")))
+        xd = x.to(tl.float64)  # lanes outside the value were loaded as 0
+        s += xd
+        sq += xd * xd
+        nans += (x != x).to(tl.int32)
+        infs += ((x == float("inf")) | (x == float("-inf"))).to(tl.int32)
+        return mx, mn, s, sq, nans, infs
+
+    @triton.jit(do_not_specialize=["n", "row0"])
+    def _stats_partials(x_ptr, out_ptr, n, row0, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: N803
+        pid = tl.program_id(0)
+        step = tl.num_programs(0) * (2 * BLOCK)
+        lanes = tl.arange(0, BLOCK)
+        mx = tl.zeros([BLOCK], dtype=tl.float32) - float("inf")
+        mn = tl.zeros([BLOCK], dtype=tl.float32) + float("inf")
+        s = tl.zeros([BLOCK], dtype=tl.float64)
+        sq = tl.zeros([BLOCK], dtype=tl.float64)
+        nans = tl.zeros([BLOCK], dtype=tl.int32)
+        infs = tl.zeros([BLOCK], dtype=tl.int32)
+        for start in range(pid * (2 * BLOCK), n, step):
+            oa = start + lanes
+            ob = oa + BLOCK
+            xa = tl.load(x_ptr + oa, mask=oa < n, other=0.0)
+            xb = tl.load(x_ptr + ob, mask=ob < n, other=0.0)
+            mx, mn, s, sq, nans, infs = _accumulate(xa, oa < n, mx, mn, s, sq, nans, infs)
+            mx, mn, s, sq, nans, infs = _accumulate(xb, ob < n, mx, mn, s, sq, nans, infs)
+        row = out_ptr + (row0 + pid) * 6
+        tl.store(row, tl.max(mx, axis=0).to(tl.float64))
+        tl.store(row + 1, tl.min(mn, axis=0).to(tl.float64))
+        tl.store(row + 2, tl.sum(s, axis=0))
+        tl.store(row + 3, tl.sum(sq, axis=0))
+        tl.store(row + 4, tl.sum(nans, axis=0).to(tl.float64))
+        tl.store(row + 5, tl.sum(infs, axis=0).to(tl.float64))
+
+    _loaded = True
+    return True
+
+
+def interpreted() -> bool:
+    """Whether the kernel runs under Triton's CPU interpreter: ``TRITON_INTERPRET=1`` when it was
+    loaded (the tests' stand-in for a GPU), with a Triton that has one (3 and later)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1" and _load() \
+        and int(triton.__version__.split(".")[0]) >= 3
+
+
+def usable(device: torch.device) -> bool:
+    """Whether values on ``device`` can take this path: CUDA with Triton, or the interpreter."""
+    if device.type == "cuda":
+        return _load()
+    return device.type == "cpu" and interpreted()
+
+
+def eligible(v: torch.Tensor) -> bool:
+    """A plain, contiguous float32/bfloat16/float16 value of fewer than 2**31 elements."""
+    return v.dtype in DTYPES and v.numel() <= MAX_NUMEL and v.is_contiguous()
+
+
+def _max_programs(device: torch.device) -> int:
+    if device.type == "cuda":
+        try:
+            # enough resident programs per multiprocessor to keep its loads in flight
+            return 8 * torch.cuda.get_device_properties(device).multi_processor_count
+        except (RuntimeError, AssertionError, AttributeError):  # pragma: no cover
+            return 512
+    return 4  # the interpreter: a few programs still exercise the combine
+
+
+class Partials:
+    """The partial rows of one device's values since the last flush."""
+
+    __slots__ = ("device", "buf", "used", "lengths", "parts", "max_programs")
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.buf: torch.Tensor | None = None  # float64 [capacity, COLS]
+        self.used = 0
+        self.lengths: list[int] = []
+        self.parts: list[int] = []
+        self.max_programs = _max_programs(device)
+
+    def programs(self, n: int) -> int:
+        """Programs of the value's grid: one per two blocks, at most :func:`_max_programs`."""
+        return max(1, min(-(-n // (2 * BLOCK)), self.max_programs))
+
+    def full(self, programs: int) -> bool:
+        return self.used + programs > LIMIT_ROWS
+
+    def add(self, v: torch.Tensor, programs: int) -> None:
+        """Launch the value's kernel (its rows follow the previous value's)."""
+        buf = self.buf
+        need = self.used + programs
+        if buf is None or need > buf.shape[0]:
+            cap = _FIRST_ROWS if buf is None else buf.shape[0]
+            while cap < need:
+                cap *= 2
+            with torch.inference_mode(False):
+                new = torch.empty((cap, COLS), dtype=torch.float64, device=self.device)
+            if buf is not None and self.used:
+                new[:self.used].copy_(buf[:self.used])
+            buf = self.buf = new
+        _stats_partials[(programs,)](v.detach(), buf, v.numel(), self.used, BLOCK=BLOCK, num_warps=4)
+        self.used = need
+        self.lengths.append(v.numel())
+        self.parts.append(programs)
+
+    def reduce(self, out: torch.Tensor, segments: Any) -> None:
+        """``out[i] = [max, min, mean, norm, nan, inf]`` of value ``i`` from its partial rows;
+        ``segments(lengths_tensor, k, total)`` makes the segment reducer of :mod:`.stat_batch`."""
+        k, total = len(self.lengths), self.used
+        assert self.buf is not None
+        meta = torch.tensor(self.lengths + self.parts, dtype=torch.float64)
+        if self.device.type == "cuda":
+            meta = meta.pin_memory().to(self.device, non_blocking=True)
+        else:
+            meta = meta.to(self.device)
+        lens, parts = meta[:k], meta[k:].to(torch.int64)
+        rows = self.buf[:total]
+        seg = segments(parts, k, total)
+        mx = seg.reduce(rows[:, 0].contiguous(), "max")
+        mn = seg.reduce(rows[:, 1].contiguous(), "min")
+        s, sq, nans, infs = seg.reduce(rows[:, 2:].contiguous(), "sum").unbind(1)
+        has_nan = nans > 0
+        nan = torch.full_like(mx, float("nan"))
+        torch.stack([torch.where(has_nan, nan, mx), torch.where(has_nan, nan, mn), s / lens, sq.sqrt(),
+                     nans, infs], dim=1, out=out)
+        self.used, self.lengths, self.parts = 0, [], []

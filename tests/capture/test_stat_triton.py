@@ -1,0 +1,96 @@
+"""The one-pass Triton statistics kernel (capture/stat_triton.py) gives host_stats' values.
+
+The cases are in triton_cases.py, run in a fresh process: on the CPU under Triton's interpreter
+(TRITON_INTERPRET=1, Triton >= 3, which must be on before Triton is imported), and on a CUDA
+machine compiled, on cuda. Without Triton these tests skip; the staging path that takes every
+value then is tested by test_stat_batch.py either way."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+if int(triton.__version__.split(".")[0]) < 3:  # pragma: no cover - the Triton of torch 2.1
+    pytest.skip("Triton's interpreter needs Triton 3", allow_module_level=True)
+
+# the interpreter is the CPU-only machine's stand-in for a GPU; where CUDA is, the kernel runs compiled
+_DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+@pytest.fixture(scope="module", params=_DEVICES)
+def cases(request: pytest.FixtureRequest) -> dict[str, Any]:
+    env = dict(os.environ)
+    if request.param == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    script = Path(__file__).with_name("triton_cases.py")
+    p = subprocess.run([sys.executable, str(script), request.param], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _close(got: list[float], want: list[float]) -> None:
+    assert len(got) == len(want) == 6
+    for i, (g, w) in enumerate(zip(got, want)):
+        if math.isnan(w) or math.isinf(w):
+            assert (math.isnan(g) and math.isnan(w)) or g == w, (i, got, want)
+        else:
+            assert g == pytest.approx(w, rel=2e-5, abs=1e-30 + 2e-5 * abs(want[3])), (i, got, want)
+    assert got[4] == want[4] and got[5] == want[5]  # counts are exact
+
+
+def _all_close(case: dict[str, Any]) -> None:
+    for row in case["rows"]:
+        assert row["got"] is not None
+        _close(row["got"], row["want"])
+
+
+def test_the_kernel_is_used(cases: dict[str, Any]) -> None:
+    assert cases["usable"]
+    assert cases["random"]["triton_values"] == len(cases["random"]["rows"]) == 60
+
+
+def test_rows_equal_host_stats(cases: dict[str, Any]) -> None:
+    """Sizes around the block and past programs x block, three dtypes, NaN/Inf/huge/tiny values."""
+    _all_close(cases["random"])
+
+
+def test_masks_nan_and_inf(cases: dict[str, Any]) -> None:
+    """finfo.min masks (squares past float32), all NaN, all -Inf, +-Inf, signed zeros, tiny values."""
+    assert cases["special"]["triton_values"] == len(cases["special"]["rows"])
+    _all_close(cases["special"])
+
+
+def test_other_values_take_the_staging_path(cases: dict[str, Any]) -> None:
+    assert cases["other"]["triton_values"] == 0
+    _all_close(cases["other"])
+    assert cases["asked_off"]["triton_values"] == 0  # StatBatcher(triton=False)
+    _all_close(cases["asked_off"])
+
+
+def test_a_value_overwritten_after_measure_keeps_its_statistics(cases: dict[str, Any]) -> None:
+    assert cases["overwritten"][:3] == [5.0, 0.0, 2.5] and cases["overwritten"][4:] == [0.0, 0.0]
+
+
+def test_partial_rows_past_the_limit_flush(cases: dict[str, Any]) -> None:
+    """With room for two values' partial rows, the third of four values flushes the first two on
+    its way in; the last two are flushed at the end: every value gets its row."""
+    assert cases["limit"]["flushes"] == 2 and cases["limit"]["triton_values"] == 2
+    assert [r["got"][0] for r in cases["limit"]["rows"]] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_flush_kernels_do_not_grow_with_values(cases: dict[str, Any]) -> None:
+    few, many = cases["flush_kernels"]
+    assert few == many <= 20, (few, many)
