@@ -22,6 +22,10 @@
 #             and a torch.profiler of its module-level dump, bench_compile with the in-graph op off
 #   PART=s12b: the one-pass Triton statistics kernel: its CUDA tests, the 1B Llama at batch 8 and 1,
 #             torch.profiler of the batch-8 module-level dump (about 4 min)
+#   PART=s12c: the statistics kernel per value size (bench_stat_kernel), cProfiles of the 1B Llama's module and
+#             aten dumps, the Triton tests' full output (about 3 min)
+#   PART=s12d: session 12's last run: the Triton tests, the kernel's variants per value size, gpu_checks, the 1B
+#             Llama at batch 8, bench_compile per step (about 4.5 min)
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -123,6 +127,35 @@ elif [ "$part" = s12b ]; then
   stamp tprof-llama1b-b8-module; timeout 40 python bench/profile_dump.py --device cuda --model llama1b --batch 8 \
     --level module --torch-profiler --steps 2 --top 30 > "$out/tprof_llama1b_b8_module.txt" 2>&1
   grep -m1 "ms/step" "$out/tprof_llama1b_b8_module.txt"
+  stamp done
+elif [ "$part" = s12c ]; then
+  export PYTHONUNBUFFERED=1
+  stamp() { echo "=== $(date +%T) $*"; }
+  site=$(python -c "import torchparity, os; print(os.path.dirname(torchparity.__file__))")
+  diff -rq --exclude=__pycache__ core/torchparity "$site" && echo "installed wheel = working tree" || echo "STALE WHEEL"
+  stamp pytest; timeout 60 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short \
+    tests/capture/test_stat_triton.py tests/capture/test_stat_batch.py > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
+  stamp stat-kernel; timeout 40 python bench/bench_stat_kernel.py --device cuda --out "$out/stat_kernel.md" 2>&1 | grep -E '^\|'
+  for lv in module aten; do
+    stamp cprofile-llama1b-$lv; timeout 45 python bench/profile_dump.py --device cuda --model llama1b --level $lv \
+      --steps 2 --top 60 > "$out/cprof_llama1b_$lv.txt" 2>&1; head -1 "$out/cprof_llama1b_$lv.txt"
+  done
+  stamp done
+elif [ "$part" = s12d ]; then
+  export PYTHONUNBUFFERED=1
+  stamp() { echo "=== $(date +%T) $*"; }
+  site=$(python -c "import torchparity, os; print(os.path.dirname(torchparity.__file__))")
+  diff -rq --exclude=__pycache__ core/torchparity "$site" && echo "installed wheel = working tree" || echo "STALE WHEEL"
+  stamp pytest; timeout 50 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short tests/capture/test_stat_triton.py \
+    tests/capture/test_stat_batch.py tests/online/test_naninf_host_reads.py tests/compile/test_compile_batched_stats.py \
+    > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
+  stamp stat-kernel; timeout 45 python bench/bench_stat_kernel.py --device cuda --sizes 1024,262144,4194304,67108864 \
+    --variants 2048:8:8,1024:4:16,4096:8:4,512:4:16 --out "$out/stat_kernel.md" 2>&1 | grep -E '^\|' | head -40
+  stamp checks; timeout 40 python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -5 "$out/checks.log"
+  stamp llama1b-batch8; timeout 85 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
+    --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E 'round'
+  stamp compile; timeout 40 python bench/bench_compile.py --device cuda --compiles 0 --rounds 3 --steps 7 \
+    --out "$out/compile_cuda.md" 2>&1 | grep -E 'round|^\|'
   stamp done
 elif [ "$part" = issues17_18 ]; then
   python -m pytest -q -p no:cacheprovider tests/compile tests/watch 2>&1 | tail -5 | tee "$out/pytest_17_18.txt"

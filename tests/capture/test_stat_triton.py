@@ -94,3 +94,11 @@ def test_partial_rows_past_the_limit_flush(cases: dict[str, Any]) -> None:
 def test_flush_kernels_do_not_grow_with_values(cases: dict[str, Any]) -> None:
     few, many = cases["flush_kernels"]
     assert few == many <= 20, (few, many)
+
+
+def test_direct_launch_gives_the_same_rows(cases: dict[str, Any]) -> None:
+    """On CUDA the compiled kernel is launched directly after its first launch (where the installed
+    Triton launches the same way); its rows equal those of Triton's own launch path."""
+    d = cases["direct_launch"]
+    assert d["used"] == d["available"]
+    assert d["same_rows"]

@@ -65,9 +65,10 @@ def special_values(device: str) -> list[torch.Tensor]:
 
 def other_values(device: str) -> list[torch.Tensor]:
     """Staged as before: float64, integers, bool, non-contiguous views."""
-    vals = [torch.randn(5, dtype=torch.float64), torch.arange(7), torch.ones(3, dtype=torch.bool),
-            torch.randn(4, 6).t(), torch.randn(1).expand(9)]
-    return [v.to(device) for v in vals]
+    vals = [torch.randn(5, dtype=torch.float64), torch.arange(7), torch.ones(3, dtype=torch.bool)]
+    # views made on the device itself (``.to(device)`` of a view copies it into a contiguous tensor)
+    return [v.to(device) for v in vals] + [torch.randn(4, 6, device=device).t(),
+                                           torch.randn(1, device=device).expand(9)]
 
 
 class Count(TorchDispatchMode):
@@ -106,6 +107,14 @@ def main(device: str) -> dict[str, Any]:
     out["limit"] = measure([torch.full((10**6,), float(i), device=device) for i in range(4)])
     stat_triton.LIMIT_ROWS = 1 << 16
     out["flush_kernels"] = [flush_kernels(device, 3), flush_kernels(device, 30)]
+    # the direct launch of the compiled kernel (CUDA) gives the rows Triton's own launch gives
+    vals = random_values(device)
+    direct = measure(vals)
+    out["direct_launch"] = {"used": bool(stat_triton._compiled), "available": stat_triton._direct_ok()}
+    saved, stat_triton._direct = stat_triton._direct, False
+    stat_triton._compiled.clear()
+    out["direct_launch"]["same_rows"] = json.dumps(measure(vals)["rows"]) == json.dumps(direct["rows"])  # NaN too
+    stat_triton._direct = saved
     return out
 
 
