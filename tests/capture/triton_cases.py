@@ -39,12 +39,12 @@ def measure(values: list[torch.Tensor], **kw: Any) -> dict[str, Any]:
 
 
 def random_values(device: str) -> list[torch.Tensor]:
-    """float32/bfloat16/float16 around the block (1024) and past programs x block, with specials."""
+    """float32/bfloat16/float16 around the block (2048) and past programs x two blocks, with specials."""
     g = torch.Generator().manual_seed(0)
     out = []
     for i in range(60):
         dtype = [torch.float32, torch.bfloat16, torch.float16][i % 3]
-        n = [1, 3, 1023, 1024, 1025, 2049, 8193, 9000, 70000][i % 9]
+        n = [1, 3, 2047, 2048, 2049, 4097, 16385, 17000, 70000][i % 9]
         scale = [1.0, 1e3, 1e30, 1e-3][i % 4]
         base = torch.randn(n, generator=g, dtype=torch.float64) * scale
         for j in range(i % 4):
