@@ -102,3 +102,10 @@ def test_direct_launch_gives_the_same_rows(cases: dict[str, Any]) -> None:
     d = cases["direct_launch"]
     assert d["used"] == d["available"]
     assert d["same_rows"]
+
+
+def test_a_kernel_that_fails_leaves_the_staging_path(cases: dict[str, Any]) -> None:
+    """Where Triton cannot compile or launch (no C compiler in a training image), the statistics
+    are still taken, by the staging path, and the user's step goes on."""
+    assert cases["broken"]["triton_values"] == 0
+    _all_close(cases["broken"])

@@ -107,6 +107,18 @@ def main(device: str) -> dict[str, Any]:
     out["limit"] = measure([torch.full((10**6,), float(i), device=device) for i in range(4)])
     stat_triton.LIMIT_ROWS = 1 << 16
     out["flush_kernels"] = [flush_kernels(device, 3), flush_kernels(device, 30)]
+    # a kernel that cannot compile or launch (Triton builds its launcher with the machine's C
+    # compiler): the value and every later one of that device take the staging path
+    launch = stat_triton._launch
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("Failed to find C compiler")
+
+    stat_triton._launch = broken
+    try:
+        out["broken"] = measure([torch.randn(100, device=device), torch.randn(7, device=device).half()])
+    finally:
+        stat_triton._launch = launch
     # the direct launch of the compiled kernel (CUDA) gives the rows Triton's own launch gives
     vals = random_values(device)
     direct = measure(vals)

@@ -35,6 +35,7 @@ reductions do the same work with the same constant number of kernels.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ import torch
 from . import stat_triton
 from .stats import safe_aminmax, pow2_scale, stats_tensor
 
+_log = logging.getLogger("torchparity")
 DEFAULT_BUDGET_BYTES = 64 << 20  # staging bytes per (device, staging dtype) before a flush is forced
 CUDA_BUDGET_BYTES = 256 << 20  # the same on CUDA (at most 1 % of the device's memory)
 ROW = 1024  # elements per row of the staging matrix (a value takes whole rows)
@@ -177,7 +179,9 @@ class StatBatcher:
         if n == 0 or v.dtype.is_complex or v.layout != torch.strided or v.device.type == "meta":
             return None
         if self.triton is not False and type(v) in _PLAIN and stat_triton.eligible(v) and self._triton_on(v.device):
-            return self._add_triton(v, n)
+            ref = self._add_triton(v, n)
+            if ref is not None:
+                return ref
         sd = _staging_dtype(v)
         key = (v.device, sd)
         g = self._groups.get(key)
@@ -220,7 +224,10 @@ class StatBatcher:
             on = self._triton_devices[device] = stat_triton.usable(device)
         return on
 
-    def _add_triton(self, v: torch.Tensor, n: int) -> RowRef:
+    def _add_triton(self, v: torch.Tensor, n: int) -> RowRef | None:
+        """Queue ``v`` on its device's Triton kernel; None (and the staging path from then on, for
+        that device) where the kernel cannot be compiled or launched: Triton builds its launcher
+        with the machine's C compiler at first use, which a training image may lack."""
         key = (v.device, None)
         g = self._groups.get(key)
         if g is None:
@@ -230,9 +237,15 @@ class StatBatcher:
         programs = p.programs(n)
         if p.full(programs):
             self._flush_group(g)
+        try:
+            p.add(v, programs)
+        except Exception as exc:  # noqa: BLE001 - any failure of Triton's compile or launch
+            self._triton_devices[v.device] = False
+            _log.warning("torchparity: statistics on %s take the staging path: the Triton kernel failed (%s: %s)",
+                         v.device, type(exc).__name__, " ".join(str(exc).split())[:200])
+            return None
         self.queued += 1
         self.added += 1
-        p.add(v, programs)
         g.lengths.append(n)
         return RowRef(g.chunk, len(g.lengths) - 1)
 

@@ -122,6 +122,7 @@ _direct: bool | None = None  # None: not checked yet
 _runtime_knobs: Any = None  # triton.knobs.runtime (its launch hooks)
 _compiled: dict[tuple[torch.dtype, bool, int | None], Any] = {}
 _raw_stream: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device: Any = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device  # C call where it can
 
 
 def _direct_ok() -> bool:
@@ -231,7 +232,7 @@ class Partials:
             if buf is not None and self.used:
                 new[:self.used].copy_(buf[:self.used])
             buf = self.buf = new
-        if self.device.type == "cuda" and self.device.index != torch.cuda.current_device():
+        if self.device.type == "cuda" and self.device.index != _current_device():
             with torch.cuda.device(self.device):  # launched in the value's device's context
                 _launch(v, buf, v.numel(), self.used, programs)
         else:
