@@ -91,6 +91,11 @@ def test_partial_rows_past_the_limit_flush(cases: dict[str, Any]) -> None:
     assert [r["got"][0] for r in cases["limit"]["rows"]] == [0.0, 1.0, 2.0, 3.0]
 
 
+def test_a_row_limit_below_one_value_flushes_each_value_alone(cases: dict[str, Any]) -> None:
+    assert [r["got"][0] for r in cases["limit_below_one_value"]["rows"]] == [0.0, 1.0, 2.0]
+    assert cases["limit_below_one_value"]["flushes"] == 3
+
+
 def test_flush_kernels_do_not_grow_with_values(cases: dict[str, Any]) -> None:
     few, many = cases["flush_kernels"]
     assert few == many <= 20, (few, many)

@@ -105,6 +105,8 @@ def main(device: str) -> dict[str, Any]:
     out["overwritten"] = r.values() if r is not None else None
     stat_triton.LIMIT_ROWS = 2 * stat_triton.Partials(torch.device(device)).programs(10**6)  # room for two
     out["limit"] = measure([torch.full((10**6,), float(i), device=device) for i in range(4)])
+    stat_triton.LIMIT_ROWS = 1  # less than one value's programs: each value alone, never an empty flush
+    out["limit_below_one_value"] = measure([torch.full((10**5,), float(i), device=device) for i in range(3)])
     stat_triton.LIMIT_ROWS = 1 << 16
     out["flush_kernels"] = [flush_kernels(device, 3), flush_kernels(device, 30)]
     # a kernel that cannot compile or launch (Triton builds its launcher with the machine's C

@@ -235,7 +235,7 @@ class StatBatcher:
         p = g.partials
         assert p is not None
         programs = p.programs(n)
-        if p.full(programs):
+        if p.full(programs) and p.used:
             self._flush_group(g)
         try:
             p.add(v, programs)

@@ -41,7 +41,11 @@ NUM_WARPS = 8  # warps per program
 PROGRAMS_PER_SM = 8  # at most this many programs per multiprocessor in a value's grid
 COLS = 6  # partial row: max, min, sum, sum of squares, NaN count, Inf count
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_NUMEL = 2**31 - 2 * BLOCK  # offsets stay in int32
+# Offsets and the loop counter are int32, and a program's counter goes one step (programs x 2 x
+# BLOCK elements) past the value: values stop 2**27 short of 2**31, room for a step of up to
+# MAX_PROGRAMS programs x 2 x 4096 elements (BLOCK is at most 4096).
+MAX_PROGRAMS = 1 << 14
+MAX_NUMEL = 2**31 - 2**27
 _FIRST_ROWS = 1 << 12  # partial rows allocated at first use (doubled as needed, up to LIMIT_ROWS)
 LIMIT_ROWS = 1 << 16  # partial rows before the batcher flushes (3 MB of float64)
 _accumulate: Any = None  # the kernels, defined by _load()
@@ -78,7 +82,9 @@ def _load() -> bool:
         infs += ((x == float("inf")) | (x == float("-inf"))).to(tl.int32)
         return mx, mn, s, sq, nans, infs
 
-    @triton.jit(do_not_specialize=["n", "row0"])
+    # ``n`` is specialized (Triton compiles a variant for n % 16 == 0, where masked loads are
+    # vectorized: 2 16-byte loads per thread and iteration instead of 16 2-byte ones)
+    @triton.jit(do_not_specialize=["row0"])
     def _stats_partials(x_ptr, out_ptr, n, row0, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: N803
         pid = tl.program_id(0)
         step = tl.num_programs(0) * (2 * BLOCK)
@@ -120,7 +126,7 @@ _RUN_CALL = ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel
              "launch_metadata,")
 _direct: bool | None = None  # None: not checked yet
 _runtime_knobs: Any = None  # triton.knobs.runtime (its launch hooks)
-_compiled: dict[tuple[torch.dtype, bool, int | None], Any] = {}
+_compiled: dict[tuple[torch.dtype, bool, bool, bool, int | None], Any] = {}
 _raw_stream: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _current_device: Any = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device  # C call where it can
 
@@ -136,8 +142,10 @@ def _direct_ok() -> bool:
             from triton.runtime.jit import JITFunction
 
             src = " ".join(inspect.getsource(JITFunction.run).split())
-            _direct = _RUN_CALL in src and "*bound_args.values())" in src and _raw_stream is not None
-            _runtime_knobs = knobs.runtime
+            _runtime_knobs = knobs.runtime  # before _direct: another thread may launch as soon as it is set
+            # not on ROCm: Triton's AMD backend also specializes a tensor on its storage size
+            _direct = _RUN_CALL in src and "*bound_args.values())" in src and _raw_stream is not None \
+                and getattr(torch.version, "hip", None) is None
         except Exception:  # an older or newer Triton: its own launch path only
             _direct = False
     return _direct
@@ -155,7 +163,9 @@ def _no_launch_hooks() -> bool:
 def _launch(v: torch.Tensor, buf: torch.Tensor, n: int, row0: int, programs: int) -> None:
     """One launch of :func:`_stats_partials` over ``programs`` programs."""
     global _direct
-    key = (v.dtype, v.data_ptr() % 16 == 0, v.device.index)
+    # what Triton specializes this kernel on (NVIDIA): the pointer's 16-byte alignment, n == 1
+    # (a constant) and n % 16 == 0 (row0 is not specialized; buf is always aligned)
+    key = (v.dtype, v.data_ptr() % 16 == 0, n % 16 == 0, n == 1, v.device.index)
     k = _compiled.get(key)
     if k is not None and _no_launch_hooks():
         try:
@@ -193,7 +203,7 @@ def _max_programs(device: torch.device) -> int:
     if device.type == "cuda":
         try:
             # enough resident programs per multiprocessor to keep its loads in flight
-            return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+            return min(MAX_PROGRAMS, PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count)
         except (RuntimeError, AssertionError, AttributeError):  # pragma: no cover
             return 512
     return 4  # the interpreter: a few programs still exercise the combine
