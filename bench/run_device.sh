@@ -35,6 +35,12 @@ out=${2:-${OUT:-bench/results/device}}
 mkdir -p "$out"
 python -m pip install --no-deps --no-index -q --root-user-action=ignore dist/*.whl $(ls .whl/*.whl 2>/dev/null) 2>&1 | tail -2
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+stamp() { echo "=== $(date +%T) $*"; }
+# is the installed wheel the working tree? (a dist/ left from an earlier state is not rebuilt by itself)
+wheel_check() {
+  local site; site=$(python -c "import torchparity, os; print(os.path.dirname(torchparity.__file__))")
+  diff -rq --exclude=__pycache__ core/torchparity "$site" && echo "installed wheel = working tree" || echo "STALE WHEEL"
+}
 if [ "$part" = s11 ]; then
   export PYTHONUNBUFFERED=1
   python -c "import torch; print('triton', __import__('triton').__version__)" 2>&1
@@ -113,9 +119,7 @@ elif [ "$part" = s12a ]; then
   stamp done
 elif [ "$part" = s12b ]; then
   export PYTHONUNBUFFERED=1
-  stamp() { echo "=== $(date +%T) $*"; }
-  site=$(python -c "import torchparity, os; print(os.path.dirname(torchparity.__file__))")
-  diff -rq --exclude=__pycache__ core/torchparity "$site" && echo "installed wheel = working tree" || echo "STALE WHEEL"
+  wheel_check
   python -c "import triton; print('triton', triton.__version__)"
   stamp pytest; timeout 75 python -m pytest -p no:cacheprovider -p no:warnings tests/capture/test_stat_triton.py \
     tests/capture/test_stat_batch.py tests/online/test_naninf_host_reads.py tests/compile/test_compile_batched_stats.py \
@@ -130,9 +134,7 @@ elif [ "$part" = s12b ]; then
   stamp done
 elif [ "$part" = s12c ]; then
   export PYTHONUNBUFFERED=1
-  stamp() { echo "=== $(date +%T) $*"; }
-  site=$(python -c "import torchparity, os; print(os.path.dirname(torchparity.__file__))")
-  diff -rq --exclude=__pycache__ core/torchparity "$site" && echo "installed wheel = working tree" || echo "STALE WHEEL"
+  wheel_check
   stamp pytest; timeout 60 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short \
     tests/capture/test_stat_triton.py tests/capture/test_stat_batch.py > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
   stamp stat-kernel; timeout 40 python bench/bench_stat_kernel.py --device cuda --out "$out/stat_kernel.md" 2>&1 | grep -E '^\|'
@@ -143,9 +145,7 @@ elif [ "$part" = s12c ]; then
   stamp done
 elif [ "$part" = s12d ]; then
   export PYTHONUNBUFFERED=1
-  stamp() { echo "=== $(date +%T) $*"; }
-  site=$(python -c "import torchparity, os; print(os.path.dirname(torchparity.__file__))")
-  diff -rq --exclude=__pycache__ core/torchparity "$site" && echo "installed wheel = working tree" || echo "STALE WHEEL"
+  wheel_check
   stamp pytest; timeout 50 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short tests/capture/test_stat_triton.py \
     tests/capture/test_stat_batch.py tests/online/test_naninf_host_reads.py tests/compile/test_compile_batched_stats.py \
     > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
