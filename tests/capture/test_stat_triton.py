@@ -73,6 +73,14 @@ def test_masks_nan_and_inf(cases: dict[str, Any]) -> None:
     _all_close(cases["special"])
 
 
+def test_dense_permuted_values_take_the_kernel(cases: dict[str, Any]) -> None:
+    """A transpose, channels_last, a permute: not contiguous, but their elements fill their memory
+    densely, so the kernel reads them in memory order (statistics do not depend on the order)."""
+    assert not any(cases["permuted_contiguous"])
+    assert cases["permuted"]["triton_values"] == len(cases["permuted"]["rows"]) == 4
+    _all_close(cases["permuted"])
+
+
 def test_other_values_take_the_staging_path(cases: dict[str, Any]) -> None:
     assert cases["other"]["triton_values"] == 0
     _all_close(cases["other"])

@@ -64,11 +64,22 @@ def special_values(device: str) -> list[torch.Tensor]:
 
 
 def other_values(device: str) -> list[torch.Tensor]:
-    """Staged as before: float64, integers, bool, non-contiguous views."""
+    """Staged as before: float64, integers, bool, views with gaps or overlap."""
     vals = [torch.randn(5, dtype=torch.float64), torch.arange(7), torch.ones(3, dtype=torch.bool)]
     # views made on the device itself (``.to(device)`` of a view copies it into a contiguous tensor)
-    return [v.to(device) for v in vals] + [torch.randn(4, 6, device=device).t(),
-                                           torch.randn(1, device=device).expand(9)]
+    return [v.to(device) for v in vals] + [torch.randn(4, 6, device=device)[:, ::2],
+                                           torch.randn(1, device=device).expand(9),
+                                           torch.randn(5, 4, device=device)[1:, 1:]]
+
+
+def permuted_values(device: str) -> list[torch.Tensor]:
+    """Dense in memory but not contiguous (a transpose, channels_last, a permute, a size-1
+    dimension with any stride): read by the kernel in memory order."""
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(40, 70, generator=g).to(device).t(),
+            torch.randn(2, 3, 9, 11, generator=g).to(device).to(memory_format=torch.channels_last),
+            torch.randn(3, 5, 7, generator=g).bfloat16().to(device).permute(2, 0, 1),
+            torch.randn(6, 1, 5, generator=g).half().to(device).transpose(0, 2)]
 
 
 class Count(TorchDispatchMode):
@@ -96,6 +107,8 @@ def main(device: str) -> dict[str, Any]:
     out["random"] = measure(random_values(device))
     out["special"] = measure(special_values(device))
     out["other"] = measure(other_values(device))
+    out["permuted"] = measure(permuted_values(device))
+    out["permuted_contiguous"] = [v.is_contiguous() for v in permuted_values(device)]
     out["asked_off"] = measure([torch.randn(100, device=device)], triton=False)
     x = torch.arange(6, dtype=torch.float32, device=device)
     b = StatBatcher()

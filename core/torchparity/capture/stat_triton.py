@@ -195,8 +195,23 @@ def usable(device: torch.device) -> bool:
 
 
 def eligible(v: torch.Tensor) -> bool:
-    """A plain, contiguous float32/bfloat16/float16 value of fewer than 2**31 elements."""
-    return v.dtype in DTYPES and v.numel() <= MAX_NUMEL and v.is_contiguous()
+    """A float32/bfloat16/float16 value of fewer than :data:`MAX_NUMEL` elements that fills its
+    memory densely: contiguous, or a permutation of a contiguous layout (a transpose,
+    channels_last), whose elements are the same ``numel`` consecutive ones in another order --
+    and statistics do not depend on the order."""
+    return v.dtype in DTYPES and v.numel() <= MAX_NUMEL and (v.is_contiguous() or _permuted_dense(v))
+
+
+def _permuted_dense(v: torch.Tensor) -> bool:
+    """Are ``v``'s strides a permutation of a contiguous tensor's? (no gaps, no overlap)"""
+    expected = 1
+    for size, stride in sorted(zip(v.shape, v.stride()), key=lambda p: p[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _max_programs(device: torch.device) -> int:
