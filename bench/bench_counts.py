@@ -21,6 +21,11 @@ kernels per intercepted op and its scalar reads and host copies per step (target
 table shows 721 reads per step on the HF Llama with the session-10 code, one per op input, which
 was 1121 host syncs per step on an H200).
 
+With ``TRITON_INTERPRET=1`` in the environment (and Triton installed) the CPU values take the
+CUDA path's one-pass Triton kernel (capture/stat_triton.py) under Triton's interpreter: its
+launches are counted with the tool's kernels (a dispatch mode does not see them). Slow (the
+interpreter runs each kernel in numpy): use it with ``--models llama``.
+
 Models: the bench model (bench/_common.py, TinyLlama dim 256, batch 8x128) and a small HF Llama
 (``transformers.LlamaConfig``, random init). ``--timing`` also times aten+statistics with
 device_stats off and on against tool-off on the bench model (what the batched path costs on a CPU).
@@ -53,6 +58,30 @@ _COPY = torch.ops.aten.copy_.default
 _EMPTY = (torch.ops.aten.empty, torch.ops.aten.empty_strided)  # allocations: counted, but no launch
 
 
+_IN_INTERPRETER = [0]  # inside a Triton launch run by the interpreter (its own torch copies are not the tool's)
+
+
+def _count_triton_launches_only() -> None:
+    """Under TRITON_INTERPRET=1 the interpreter copies a kernel's tensor arguments with torch ops:
+    those are not kernels of the tool on a GPU, where the launch is one kernel (counted apart)."""
+    import os
+
+    from torchparity.capture import stat_triton
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    launch = stat_triton._launch
+
+    def counted(*args: Any) -> None:
+        _IN_INTERPRETER[0] += 1
+        try:
+            launch(*args)
+        finally:
+            _IN_INTERPRETER[0] -= 1
+
+    stat_triton._launch = counted
+
+
 class Counter(TorchDispatchMode):
     """Counts kernels (non-view aten ops), scalar reads and copies to the host."""
 
@@ -63,6 +92,8 @@ class Counter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if _IN_INTERPRETER[0]:
+            return func(*args, **kwargs)
         if not func.is_view:
             self.kernels += 1
             if tool_is_busy():
@@ -135,7 +166,7 @@ def _count(step: Callable[[], Any], model: torch.nn.Module, level: str | None, s
             b = dumper.session._batcher  # type: ignore[union-attr]
             cp = dumper.session._copier  # type: ignore[union-attr]
             out.update(added=b.added, flushes=b.flushes, entries=_entries(Path(root)), copies=cp.copies,
-                       declined=cp.declined)
+                       declined=cp.declined, triton=b.kernel_launches)
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -154,17 +185,17 @@ def _entries(root: Path) -> int:
 
 def counts_table(models: dict[str, tuple[Callable[[], Any], torch.nn.Module, str]], levels: list[str],
                  steps: int, modes: tuple[str, ...] = ("statistics",)) -> str:
-    rows = ["| model | level | mode | tool kernels | values measured | entries with stats | tool kernels / value "
-            "| flushes / step | host copies / step | `.item()` / step | values copied async | copied blocking "
-            "| tool allocations |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | level | mode | tool kernels | of which Triton | values measured | entries with stats "
+            "| tool kernels / value | flushes / step | host copies / step | `.item()` / step | values copied async "
+            "| copied blocking | tool allocations |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (step, model, _) in models.items():
         step()  # warm-up: lazy initialisation is not the tool's
         off = _count(step, model, None, steps)
         for level in levels:
             for mode in modes:
                 on = _count(step, model, level, steps, mode)
-                tool = on["kernels"] - off["kernels"]
-                rows.append(f"| {name} | {level} | {mode} | {tool} | {on['added']} | {on['entries']} | "
+                tool = on["kernels"] - off["kernels"] + on["triton"]  # Triton launches are not torch ops
+                rows.append(f"| {name} | {level} | {mode} | {tool} | {on['triton']} | {on['added']} | {on['entries']} | "
                             f"{tool / max(on['added'], 1):.2f} | {on['flushes'] / steps:.1f} | "
                             f"{(on['to_host'] - off['to_host']) / steps:.1f} | "
                             f"{(on['scalars'] - off['scalars']) / steps:.1f} | {on['copies']} | {on['declined']} | {on['allocs']} |")
@@ -277,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compiled", action="store_true",
                     help="only the compiled capture's accelerator path (compile_backend(device_stats=True))")
     a = ap.parse_args(argv)
+    _count_triton_launches_only()
     if a.compiled:
         print(f"machine: {machine()}\n\nCompiled capture, per step over {a.steps} steps, device_stats=True on the CPU:\n")
         print(compiled_counts(a.steps))

@@ -60,6 +60,7 @@ def _all_close(case: dict[str, Any]) -> None:
 def test_the_kernel_is_used(cases: dict[str, Any]) -> None:
     assert cases["usable"]
     assert cases["random"]["triton_values"] == len(cases["random"]["rows"]) == 60
+    assert cases["random"]["launches"] == 60  # one kernel per value (what bench_counts adds to the torch ops)
 
 
 def test_rows_equal_host_stats(cases: dict[str, Any]) -> None:

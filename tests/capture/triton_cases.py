@@ -35,7 +35,7 @@ def measure(values: list[torch.Tensor], **kw: Any) -> dict[str, Any]:
     b.flush()
     return {"rows": [{"got": r.values() if r is not None else None, "want": host_stats(v.cpu())}
                      for v, r in zip(values, refs)],
-            "triton_values": on_kernel, "flushes": b.flushes}
+            "triton_values": on_kernel, "flushes": b.flushes, "launches": b.kernel_launches}
 
 
 def random_values(device: str) -> list[torch.Tensor]:

@@ -173,6 +173,12 @@ class StatBatcher:
         self.added = 0  # values added in all (for the counting bench)
         self.flushes = 0  # flushes that moved rows to the host (for the counting bench)
 
+    @property
+    def kernel_launches(self) -> int:
+        """Triton kernels launched so far: not torch ops, so a dispatch mode does not see them
+        (for the counting bench)."""
+        return sum(g.partials.launches for g in self._groups.values() if g.partials is not None)
+
     # ---- measure time --------------------------------------------------------------------
     def add(self, v: torch.Tensor) -> RowRef | None:
         n = v.numel()

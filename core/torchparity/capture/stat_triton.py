@@ -227,7 +227,7 @@ def _max_programs(device: torch.device) -> int:
 class Partials:
     """The partial rows of one device's values since the last flush."""
 
-    __slots__ = ("device", "buf", "used", "lengths", "parts", "max_programs")
+    __slots__ = ("device", "buf", "used", "lengths", "parts", "max_programs", "launches")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -236,6 +236,7 @@ class Partials:
         self.lengths: list[int] = []
         self.parts: list[int] = []
         self.max_programs = _max_programs(device)
+        self.launches = 0  # kernels launched (for the counting bench)
 
     def programs(self, n: int) -> int:
         """Programs of the value's grid: one per two blocks, at most :func:`_max_programs`."""
@@ -263,6 +264,7 @@ class Partials:
         else:
             _launch(v, buf, v.numel(), self.used, programs)
         self.used = need
+        self.launches += 1
         self.lengths.append(v.numel())
         self.parts.append(programs)
 
