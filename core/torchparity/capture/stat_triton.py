@@ -4,7 +4,8 @@ The staging path of :mod:`.stat_batch` copies each value into a staging matrix a
 matrix at flush: about fifteen passes over every byte of every value. On a GPU-bound step that is
 the tool's whole cost (an H200, ~1 B-parameter Llama at batch 8x1024: module-level statistics took
 the step from 236 ms to 1397 ms, bench/results/session12/). Here ONE kernel per value reads the
-value once, in its own dtype, where it lies (it must be contiguous), and writes a few *partial*
+value once, in its own dtype, where it lies (contiguous, or dense in another order: a transpose,
+channels_last; statistics do not depend on the order), and writes a few *partial*
 rows ``[max, min, sum, sum of squares, NaN count, Inf count]`` (float64) into a preallocated
 buffer: one row per program of its grid. At flush a constant number of torch ops combines each
 value's partial rows into its statistics row. The kernel runs in stream order, so a later in-place
@@ -15,10 +16,12 @@ Numerics are those of :func:`~.stats.host_stats`: max/min ignore NaN and are NaN
 holds one; sums and squares are accumulated in float64 (a bfloat16 finfo.min mask squared is
 ~1e77: exact in float64, Inf in float32), so the mean and norm are right for every float32,
 bfloat16 and float16 value. float64 values (whose squares can overflow float64 itself), integer,
-bool and float8 values, non-contiguous values and tensor subclasses take the staging path.
+bool and float8 values, views with gaps or overlap and tensor subclasses take the staging path.
 
-Triton ships with CUDA builds of torch. Without it, or for another device, the staging path is
-used. The kernel uses only what Triton has had since 2.1 (the Triton of torch 2.1). On a machine
+Triton ships with CUDA builds of torch. Without it, for another device, or where it cannot
+compile or launch (it builds its launcher with the machine's C compiler), the staging path is
+used. The kernel's language is what Triton has had since 2.1 (the Triton of torch 2.1); only the
+GPUs of sessions 11-12 (an H200, Triton 3.6) have run it. On a machine
 without a GPU it runs under Triton's interpreter when ``TRITON_INTERPRET=1`` is set before the
 import, which is how the tests check it on the CPU (tests/capture/triton_cases.py).
 """
