@@ -27,6 +27,10 @@ on CUDA (CUB's segmented reduce), so a flush of a few large activations used a f
 132 multiprocessors: on an H200 a ~1 B-parameter Llama step took 2.6 s at module level and 11 s at
 aten level against 0.07 s without the tool (bench/results/session11/).
 
+On CUDA, a float32/bfloat16/float16 value that lies densely in memory skips the staging buffer:
+one Triton kernel reads it where it lies and writes partial rows that the flush combines
+(:mod:`.stat_triton`); the rest of this module is the path of every other value and device.
+
 A value larger than the byte budget is measured alone (:func:`~.stats.stats_tensor`); its row
 joins the same transfer. ``torch.segment_reduce`` exists from torch 2.1 (CPU and CUDA, NaN
 propagating in max/min, checked on 2.1.2 and 2.13); on a device where it fails, scatter/index_add
@@ -168,7 +172,7 @@ class StatBatcher:
         self.triton = triton
         self._triton_devices: dict[torch.device, bool] = {}
         self._arange: dict[tuple[int, torch.device], torch.Tensor] = {}
-        self._groups: dict[tuple[torch.device, torch.dtype], _Group] = {}
+        self._groups: dict[tuple[torch.device, torch.dtype | None], _Group] = {}  # None: the Triton group
         self.queued = 0  # values added since the last flush
         self.added = 0  # values added in all (for the counting bench)
         self.flushes = 0  # flushes that moved rows to the host (for the counting bench)
