@@ -26,8 +26,8 @@
 #             aten dumps, the Triton tests' full output (about 3 min)
 #   PART=s12d: session 12's last run: the Triton tests, the kernel's variants per value size, gpu_checks, the 1B
 #             Llama at batch 8, bench_compile per step (about 4.5 min)
-#   PART=next: prepared for the next session with a GPU (about 5 min): the Triton tests, kernel variants with
-#             vectorized loads, the 1B Llama at batch 8 (with a torch.profiler) and 1, bench_compile per step
+#   PART=next: prepared for the next session with a GPU (about 6 min): the Triton tests, kernel variants with
+#             vectorized loads, gpu_checks, the 1B Llama at batch 8 (with a torch.profiler) and 1, bench_compile
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -168,6 +168,7 @@ elif [ "$part" = next ]; then
     tests/capture/test_stat_batch.py tests/compile/test_compile_batched_stats.py > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
   stamp stat-kernel; timeout 45 python bench/bench_stat_kernel.py --device cuda --sizes 1024,262144,4194304,67108864 \
     --variants 1024:4:8,4096:8:4,2048:8:16 --out "$out/stat_kernel.md" 2>&1 | grep -E '^\|' | head -30
+  stamp checks; timeout 40 python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -5 "$out/checks.log"
   stamp llama1b-batch8; timeout 85 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
     --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E 'round'
   stamp tprof-llama1b-b8-module; timeout 45 python bench/profile_dump.py --device cuda --model llama1b --batch 8 \
