@@ -81,12 +81,13 @@ class _Tools:
     """Runs several tools as one context (entered in order, left in reverse)."""
 
     def __init__(self, root: str, bench: Any, dump_level: str | None, naninf: bool, online: bool,
-                 mode: str = "statistics") -> None:
+                 mode: str = "statistics", summaries: str = "step") -> None:
         self.dir = tempfile.mkdtemp(dir=root)
         self.stack = contextlib.ExitStack()
         self.parts: list[Any] = []
         if dump_level is not None:
-            self.parts.append(lambda: torchparity.dump(self.dir, level=dump_level, mode=mode, model=bench.model))
+            self.parts.append(lambda: torchparity.dump(self.dir, level=dump_level, mode=mode, model=bench.model,
+                                                       summaries=summaries))
         if naninf:
             self.parts.append(lambda: torchparity.NanInfTracker(bench.model))
         if online:
@@ -165,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levels", default="module,api,aten,mix", help="dump levels to time alone (default all four)")
     ap.add_argument("--modes", default="statistics", help="dump modes to time at each level (default statistics; "
                     "md5, tensor: tensor mode writes every captured value to disk)")
+    ap.add_argument("--summaries", default="step", choices=["step", "close", "off"],
+                    help="the dumps' Parquet summaries (default step: built by the writer thread at each step's "
+                         "end; off: none, the writer's GIL time without them)")
     ap.add_argument("--online", action="store_true",
                     help="also time online compare against the CPU reference (re-runs every op: costly by design)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "stream.md"),
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="tp-bench-stream-")
 
     def tools(level: str | None, naninf: bool = False, online: bool = False, mode: str = "statistics") -> Any:
-        return lambda: _Tools(root, bench, level, naninf, online, mode)
+        return lambda: _Tools(root, bench, level, naninf, online, mode, a.summaries)
 
     configs: dict[str, Any] = {"tool off": None, "empty TorchDispatchMode": EmptyMode,
                                "NaN/Inf screen": tools(None, naninf=True)}
