@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from . import stat_triton
+from .segments import Segments, to_device
 from .stats import safe_aminmax, pow2_scale, stats_tensor
 
 _log = logging.getLogger("torchparity")
@@ -289,8 +290,7 @@ class StatBatcher:
         out = g.result[:rows]
         with torch.no_grad():
             if g.partials is not None:
-                g.partials.reduce(out, lambda lens, n, total: _Segments(lens, n, total, g.device,
-                                                                        self.force_fallback))
+                g.partials.reduce(out, self.force_fallback)
             elif k:
                 assert g.staging is not None
                 staged = g.staging[:g.used]
@@ -313,9 +313,9 @@ class StatBatcher:
             pos += r
             last.append(pos)
         valid = [n - (r - 1) * w for n, r in zip(lengths, rows)]
-        meta = _to_device(torch.tensor(lengths + rows + last + valid + rows * 4, dtype=torch.int64), device)
+        meta = to_device(torch.tensor(lengths + rows + last + valid + rows * 4, dtype=torch.int64), device)
         lens, nrows, last_row, valid_t = meta[:k], meta[k:2 * k], meta[2 * k:3 * k], meta[3 * k:4 * k]
-        seg = _Segments(nrows, k, n_rows, device, self.force_fallback)
+        seg = Segments(nrows, k, n_rows, device, self.force_fallback)
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         acc = torch.float64 if device.type in _FLOAT64_DEVICES else work
         row_min, row_max = safe_aminmax(x, dim=1)  # of the padded rows (fixed below for max/min)
@@ -350,7 +350,7 @@ class StatBatcher:
             vscale = seg.reduce(rscale, "max")
             parts[:2].mul_(rscale / torch.repeat_interleave(vscale, nrows, output_size=n_rows))
         parts[1].square_()
-        per_value = _Segments(meta[4 * k:], 4 * k, 4 * n_rows, device, self.force_fallback)
+        per_value = Segments(meta[4 * k:], 4 * k, 4 * n_rows, device, self.force_fallback)
         total_sum, sq, nan, inf = per_value.reduce(parts.view(-1), "sum").view(4, k)
         rd = out.dtype  # float64 where the device has it: a norm past float32's range stays finite
         mean = total_sum.to(rd) / lens
@@ -369,38 +369,6 @@ class StatBatcher:
             with torch.inference_mode(False):
                 c = self._arange[key] = torch.arange(w, device=device).unsqueeze(0)
         return c
-
-
-class _Segments:
-    """Segment reductions over consecutive segments of given lengths."""
-
-    def __init__(self, lens: torch.Tensor, k: int, total: int, device: torch.device, fallback: bool) -> None:
-        self.lens, self.k, self.total, self.device = lens, k, total, device
-        self.fallback = fallback or not hasattr(torch, "segment_reduce")
-        self._ids: torch.Tensor | None = None
-
-    def reduce(self, x: torch.Tensor, how: str) -> torch.Tensor:
-        if not self.fallback:
-            try:
-                return torch.segment_reduce(x, how, lengths=self.lens, axis=0, unsafe=True)
-            except (RuntimeError, NotImplementedError):  # not implemented on this device
-                self.fallback = True
-        if self._ids is None:
-            self._ids = torch.repeat_interleave(torch.arange(self.k, device=self.device), self.lens,
-                                                output_size=self.total)
-        if how == "sum":
-            return torch.zeros((self.k, *x.shape[1:]), dtype=x.dtype, device=self.device).index_add_(0, self._ids, x)
-        return torch.empty(self.k, dtype=x.dtype, device=self.device).scatter_reduce_(
-            0, self._ids, x, "amax" if how == "max" else "amin", include_self=False)
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor to ``device`` without a host sync (pinned + non_blocking on CUDA)."""
-    if device.type == "cpu":
-        return t
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def _to_host(rows: torch.Tensor) -> tuple[torch.Tensor, Any]:

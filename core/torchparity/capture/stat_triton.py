@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from .segments import Segments, to_device
+
 triton: Any = None  # imported at first use (some 0.15 s): CPU-only runs never pay it
 tl: Any = None
 _loaded: bool | None = None  # None: not tried yet
@@ -271,19 +273,15 @@ class Partials:
         self.lengths.append(v.numel())
         self.parts.append(programs)
 
-    def reduce(self, out: torch.Tensor, segments: Any) -> None:
-        """``out[i] = [max, min, mean, norm, nan, inf]`` of value ``i`` from its partial rows;
-        ``segments(lengths_tensor, k, total)`` makes the segment reducer of :mod:`.stat_batch`."""
+    def reduce(self, out: torch.Tensor, fallback: bool = False) -> None:
+        """``out[i] = [max, min, mean, norm, nan, inf]`` of value ``i`` from its partial rows
+        (``fallback``: the scatter reductions instead of ``torch.segment_reduce``, for tests)."""
         k, total = len(self.lengths), self.used
         assert self.buf is not None
-        meta = torch.tensor(self.lengths + self.parts, dtype=torch.float64)
-        if self.device.type == "cuda":
-            meta = meta.pin_memory().to(self.device, non_blocking=True)
-        else:
-            meta = meta.to(self.device)
+        meta = to_device(torch.tensor(self.lengths + self.parts, dtype=torch.float64), self.device)
         lens, parts = meta[:k], meta[k:].to(torch.int64)
         rows = self.buf[:total]
-        seg = segments(parts, k, total)
+        seg = Segments(parts, k, total, self.device, fallback)
         mx = seg.reduce(rows[:, 0].contiguous(), "max")
         mn = seg.reduce(rows[:, 1].contiguous(), "min")
         s, sq, nans, infs = seg.reduce(rows[:, 2:].contiguous(), "sum").unbind(1)
