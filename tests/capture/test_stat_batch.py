@@ -315,3 +315,33 @@ def test_host_stats_of_float8_values(n: int) -> None:
     """A CPU float8 value of more than 32 elements raised (no promotion for float8 types)."""
     v = torch.linspace(-3, 3, n).to(torch.float8_e5m2)
     assert host_stats(v) == pytest.approx(host_stats(v.float()))  # type: ignore[arg-type]
+
+
+def test_aminmax_fallback_where_the_dtype_has_no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch < 2.2 has no CPU aminmax for float16 (RuntimeError; other builds raise
+    NotImplementedError): the statistics take it in float32 instead, with the same values, on the
+    host path, alone (stats_tensor) and in the batched flush."""
+    real = torch.aminmax
+
+    def no_half(t: torch.Tensor, *args: object, **kwargs: object) -> object:
+        if t.dtype == torch.float16:
+            raise NotImplementedError("aminmax: float16 not implemented")
+        return real(t, *args, **kwargs)
+
+    v = torch.tensor([1.5, -2.0, 65504.0, 0.25], dtype=torch.float16)
+    want = host_stats(v.float())
+    monkeypatch.setattr(torch, "aminmax", no_half)
+    from torchparity.capture.stats import safe_aminmax, stats_tensor
+
+    mn, mx = safe_aminmax(v)
+    assert (mn.item(), mx.item()) == (-2.0, 65504.0)
+    big = v.repeat(100)  # past host_stats' few-values shortcut
+    _close(host_stats(big), host_stats(big.float()))
+    st = stats_tensor(v)
+    assert st is not None
+    _close(st.tolist(), want)
+    b = StatBatcher(triton=False)
+    r = b.add(v)
+    b.flush()
+    assert r is not None
+    _close(r.values(), want)

@@ -141,7 +141,7 @@ def host_stats(t: torch.Tensor) -> list[float] | None:
     else:
         try:  # safe_aminmax(), inlined
             mn, mx = torch.aminmax(t)
-        except RuntimeError:  # e.g. torch < 2.2 has no CPU aminmax for float16
+        except (RuntimeError, NotImplementedError):  # e.g. torch < 2.2 has no CPU aminmax for float16
             mn, mx = torch.aminmax(t.float())
     hi, lo = mx.item(), mn.item()
     if dt == torch.float32 or dt == torch.float64:
