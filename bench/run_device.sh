@@ -14,10 +14,6 @@
 #   PART=s11b: the same after the NaN-screen sync fix, full logs kept: gpu_checks, the CUDA compile
 #             test, the op stream on the bench model and the 1B Llama, bench_compile per step only
 #   PART=s11c: after the row-wise statistics flush: its CUDA test, the 1B Llama, bench_compile, bench model
-#   PART=recheck: for the next session with a GPU (about 6 minutes): the CUDA tests of the statistics
-#             batcher and the NaN screen, gpu_checks, the 1B Llama and the bench model through the op
-#             stream, torch.profiler of the 1B Llama's module and aten dumps (host- or device-bound?),
-#             bench_compile per step with the in-graph op (default) and with device_stats off
 #   PART=s12a: session 12's first run (about 6 min): the CUDA tests, the 1B Llama at batch 1 and 8, a cProfile
 #             and a torch.profiler of its module-level dump, bench_compile with the in-graph op off
 #   PART=s12b: the one-pass Triton statistics kernel: its CUDA tests, the 1B Llama at batch 8 and 1,
@@ -84,25 +80,6 @@ elif [ "$part" = s11c ]; then
     --out "$out/compile_cuda.md" 2>&1 | grep -E 'round|^\|'
   stamp stream-bench; timeout 35 python bench/bench_stream.py --device cuda --model bench --rounds 3 --levels module,aten \
     --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
-  stamp done
-elif [ "$part" = recheck ]; then
-  export PYTHONUNBUFFERED=1
-  stamp() { echo "=== $(date +%T) $*"; }
-  stamp pytest; timeout 60 python -m pytest -p no:cacheprovider -p no:warnings tests/capture/test_stat_batch.py \
-    tests/online/test_naninf_host_reads.py tests/compile/test_compile_batched_stats.py 2>&1 | tail -3
-  stamp checks; timeout 45 python bench/gpu_checks.py --out "$out/checks.md" 2>&1 | tail -4
-  stamp llama1b; timeout 150 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --rounds 2 \
-    --levels module,aten --out "$out/stream_llama1b.md" 2>&1 | grep -vE '^\s*$|warn'
-  stamp stream-bench; timeout 40 python bench/bench_stream.py --device cuda --model bench --rounds 3 --levels module,aten \
-    --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
-  for lv in module aten; do
-    stamp profile-llama1b-$lv; timeout 60 python bench/profile_dump.py --device cuda --model llama1b --level $lv \
-      --torch-profiler --steps 2 --top 25 > "$out/tprof_llama1b_$lv.txt" 2>&1; grep -m1 "ms/step" "$out/tprof_llama1b_$lv.txt"
-  done
-  for ds in default off; do
-    stamp compile-$ds; timeout 60 python bench/bench_compile.py --device cuda --compiles 0 --rounds 4 --steps 5 \
-      --device-stats $ds --out "$out/compile_cuda_$ds.md" 2>&1 | grep -E 'round|^\|'
-  done
   stamp done
 elif [ "$part" = s12a ]; then
   export PYTHONUNBUFFERED=1
