@@ -86,16 +86,28 @@ def test_summaries_per_step_and_rank_equal_the_jsonl(dumped: Path) -> None:
 
 
 def test_a_failed_write_leaves_no_half_file_under_the_real_name(dumped: Path, monkeypatch, tmp_path: Path) -> None:
-    import pyarrow.parquet as pq
-
     u = open_dump(dumped).unit(0, 0)
     root = tmp_path / "r"
+    real_open = open
 
-    def dies_half_way(table, where, **kw):  # a killed / full-disk write: half a file, then the error
-        Path(where).write_bytes(b"PAR1" + b"\0" * 100)
-        raise OSError(28, "No space left on device")
+    class _HalfWay:  # a killed / full-disk write: half the bytes land, then the error
+        def __init__(self, path, mode="r", *a, **kw):
+            self.f = real_open(path, mode, *a, **kw)
 
-    monkeypatch.setattr(pq, "write_table", dies_half_way)
+        def write(self, data):
+            self.f.write(bytes(data[: len(data) // 2]))
+            raise OSError(28, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def opens(path, mode="r", *a, **kw):
+        return _HalfWay(path, mode, *a, **kw) if "w" in mode else real_open(path, mode, *a, **kw)
+
+    monkeypatch.setattr(columnar, "open", opens, raising=False)
     why = columnar.write_unit_summary(root, u)
     assert why is not None and "No space left" in why
     leftovers = [p for p in root.rglob("*") if p.is_file()]

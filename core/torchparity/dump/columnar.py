@@ -154,20 +154,27 @@ def file_digest(path: Path) -> str:
 
 def _write_atomic(table: Any, path: Path, meta: dict[str, Any], fsync: bool) -> list[tuple[Path, Path]]:
     """Write ``table`` and its digest to temporary names beside ``path``; returns the
-    (temporary, final) pairs, renamed by the caller."""
+    (temporary, final) pairs, renamed by the caller.
+
+    The Parquet bytes are made in memory and hashed there: one ``write`` per file, no second read
+    of the file for its digest (a summary is a few hundred KiB at most per (step, rank))."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
+    import xxhash
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     dest_digest = digest_path(path)
     tmp_digest = dest_digest.with_name(f".{dest_digest.name}.{os.getpid()}.tmp")
     table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    data = memoryview(sink.getvalue())
     try:
-        pq.write_table(table, tmp, compression="zstd")
-        tmp_digest.write_text(file_digest(tmp) + "\n")
-        if fsync:
-            for f in (tmp, tmp_digest):
-                with open(f, "rb") as fh:
+        for f, content in ((tmp, data), (tmp_digest, (xxhash.xxh3_128_hexdigest(data) + "\n").encode())):
+            with open(f, "wb") as fh:
+                fh.write(content)
+                if fsync:
                     os.fsync(fh.fileno())
     except BaseException:
         for f in (tmp, tmp_digest):

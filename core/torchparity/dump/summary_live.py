@@ -196,7 +196,12 @@ class LiveSummary:
 
 class SummarySink:
     """The writer's side of the summaries: when to write them (``summaries``) and what each
-    rank directory's ``footer.json`` says about them. Never raises into the writer thread."""
+    rank directory's ``footer.json`` says about them. Never raises into the writer thread.
+
+    Summaries are never fsynced, whatever the dump's ``fsync``: they are a cache of
+    ``records.jsonl`` (which is), each file checked against its digest when read. One torn by a
+    power loss reads as stale, the compare reads the JSONL instead and ``torchparity compact``
+    rewrites it; fsyncing them cost the writer thread six fsyncs per (step, rank)."""
 
     def __init__(self, when: str, write_json: Callable[[Path, dict[str, Any]], None]) -> None:
         self.when = when
@@ -209,7 +214,7 @@ class SummarySink:
             return None
         return LiveSummary(step, rank, start_size)
 
-    def finish(self, root: Path, step: int, rank: int, rank_dir: Path, live: LiveSummary | None, fsync: bool,
+    def finish(self, root: Path, step: int, rank: int, rank_dir: Path, live: LiveSummary | None,
                module_lines: list[dict[str, Any]], whole: bool, footer: dict[str, Any]) -> None:
         """The (step, rank) was closed: write its summaries now (``step``) or keep them for the
         close (``close``), and put what happened in ``footer`` (the caller writes it).
@@ -225,27 +230,27 @@ class SummarySink:
             footer.update(summary=False, summary_error="summaries='close': written when the dump closes")
             self._pending.append((root, step, rank, rank_dir, live, tree, footer))
             return
-        footer.update(self._write(root, step, rank, rank_dir, live, tree, fsync))
+        footer.update(self._write(root, step, rank, rank_dir, live, tree))
 
-    def close(self, fsync: bool) -> None:
+    def close(self) -> None:
         """``summaries="close"``: write every kept unit's summaries and update its footer."""
         pending, self._pending = self._pending, []
         for root, step, rank, rank_dir, live, tree, footer in pending:
             footer.pop("summary_error", None)
-            footer.update(self._write(root, step, rank, rank_dir, live, tree, fsync))
+            footer.update(self._write(root, step, rank, rank_dir, live, tree))
             try:
                 self._write_json(rank_dir / "footer.json", footer)
             except OSError:
                 pass
 
     def _write(self, root: Path, step: int, rank: int, rank_dir: Path, live: LiveSummary | None,
-               tree: dict[Any, Any], fsync: bool) -> dict[str, Any]:
+               tree: dict[Any, Any]) -> dict[str, Any]:
         if live is not None and live.why_not is None:
             try:
                 with gc_quiet.paused():  # bulk allocation: the collector would only walk it
-                    why = columnar.write_tables(root, step, rank, lambda: live.tables(tree), fsync)
+                    why = columnar.write_tables(root, step, rank, lambda: live.tables(tree))
                 return {"summary": True} if why is None else {"summary": False, "summary_error": why}
             except Exception as exc:  # pragma: no cover - a value of an odd type: the file says it all
                 log.debug("torchparity: summary of step %d rank %d from the file (%r)", step, rank, exc)
         # summarize the file, as torchparity compact does
-        return columnar.footer_fields(root, step, rank, rank_dir, fsync)
+        return columnar.footer_fields(root, step, rank, rank_dir, False)

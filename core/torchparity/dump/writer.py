@@ -373,7 +373,7 @@ class DumpWriter:
                       "dropped_records": dropped, "tensor_bytes": rf.tensor_bytes,
                       "budget_exhausted": self.budget_exhausted, "dropped_tensors": rf.dropped_tensors}
             # columnar summaries (dump/summary_live.py): Parquet of this step/rank's records, off the training thread
-            self._summaries.finish(self.root, rf.step, rf.rank, rf.dir, rf.summary, self.fsync, self._module_lines,
+            self._summaries.finish(self.root, rf.step, rf.rank, rf.dir, rf.summary, self._module_lines,
                                    self.error is None and dropped == 0, footer)
             rf.summary = None
             if error:
@@ -405,7 +405,7 @@ class DumpWriter:
                     for rf in self._files.values():
                         self._finish_rank(rf, True)
                     self._files.clear()
-                    self._summaries.close(self.fsync)  # summaries="close": every step's, now
+                    self._summaries.close()  # summaries="close": every step's, now
                     return
                 if kind == "barrier":
                     payload.set()
