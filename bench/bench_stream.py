@@ -81,7 +81,7 @@ class _Tools:
     """Runs several tools as one context (entered in order, left in reverse)."""
 
     def __init__(self, root: str, bench: Any, dump_level: str | None, naninf: bool, online: bool,
-                 mode: str = "statistics", summaries: str = "step") -> None:
+                 mode: str = "statistics", summaries: str = "off") -> None:
         self.dir = tempfile.mkdtemp(dir=root)
         self.stack = contextlib.ExitStack()
         self.parts: list[Any] = []
@@ -166,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levels", default="module,api,aten,mix", help="dump levels to time alone (default all four)")
     ap.add_argument("--modes", default="statistics", help="dump modes to time at each level (default statistics; "
                     "md5, tensor: tensor mode writes every captured value to disk)")
-    ap.add_argument("--summaries", default="step", choices=["step", "close", "off"],
-                    help="the dumps' Parquet summaries (default step: built by the writer thread at each step's "
-                         "end; off: none, the writer's GIL time without them)")
+    ap.add_argument("--summaries", default="off", choices=["step", "close", "off"],
+                    help="the dumps' Parquet summaries (default off, as torchparity.dump's: none while training; "
+                         "step: built by the writer thread at each step's end, in the training thread's GIL time)")
     ap.add_argument("--online", action="store_true",
                     help="also time online compare against the CPU reference (re-runs every op: costly by design)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "stream.md"),

@@ -24,7 +24,7 @@
 #             Llama at batch 8, bench_compile per step (about 4.5 min)
 #   PART=next: prepared for the next session with a GPU (about 7.5 min): the Triton tests, kernel variants with
 #             vectorized loads, gpu_checks, the 1B Llama at batch 8 (with a torch.profiler; and with the dumps'
-#             summaries off: the writer's GIL time) and 1, bench_compile
+#             summaries at each step's end, no longer the default: the writer's GIL time) and 1, bench_compile
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -154,9 +154,9 @@ elif [ "$part" = next ]; then
   grep -m1 "ms/step" "$out/tprof_llama1b_b8_module.txt"
   stamp llama1b; timeout 60 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --rounds 1 \
     --warmup 2 --levels module,aten --out "$out/stream_llama1b.md" 2>&1 | grep -E 'round'
-  stamp llama1b-batch8-no-summaries; timeout 85 python bench/bench_stream.py --device cuda --model llama1b \
-    --dtype bfloat16 --batch 8 --rounds 1 --warmup 2 --levels module,aten --summaries off \
-    --out "$out/stream_llama1b_b8_nosumm.md" 2>&1 | grep -E 'round'
+  stamp llama1b-batch8-step-summaries; timeout 85 python bench/bench_stream.py --device cuda --model llama1b \
+    --dtype bfloat16 --batch 8 --rounds 1 --warmup 2 --levels module,aten --summaries step \
+    --out "$out/stream_llama1b_b8_stepsumm.md" 2>&1 | grep -E 'round'
   stamp compile; timeout 40 python bench/bench_compile.py --device cuda --compiles 0 --rounds 3 --steps 7 \
     --out "$out/compile_cuda.md" 2>&1 | grep -E 'round|^\|'
   stamp done

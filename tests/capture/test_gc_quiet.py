@@ -109,7 +109,7 @@ def test_the_summaries_are_built_with_the_collector_paused(tmp_path, monkeypatch
     monkeypatch.setattr(columnar, "write_tables", spy)
     model = torch.nn.Linear(4, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with torchparity.dump(tmp_path / "d", level="aten", model=model):
+    with torchparity.dump(tmp_path / "d", level="aten", model=model, summaries="step"):
         _step(model)
         opt.step()
     assert seen and not any(seen)

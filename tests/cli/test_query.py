@@ -61,11 +61,41 @@ def _run(*args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def test_query_without_summaries_says_to_compact(tmp_path: Path) -> None:
+def test_query_writes_missing_summaries_first_and_leaves_out_unfinished_units(tmp_path: Path, caplog) -> None:
+    """Dumps are written with summaries="off" by default: the first query writes them (finished
+    units only: one without footer.json may still be written to), says so, and answers."""
     root = _synth(tmp_path / "d")
+    (root / "step1" / "rank2" / "footer.json").unlink()  # still being written
+    with caplog.at_level("WARNING", logger="torchparity"):
+        rc, out, err = _run("query", str(root), "SELECT step, rank, count(*) AS n FROM ops GROUP BY ALL ORDER BY ALL",
+                            "--format", "csv")
+    assert rc == 0, err
+    assert out.splitlines() == ["step,rank,n"] + [f"{s},{r},5" for s in range(2) for r in range(3) if (s, r) != (1, 2)]
+    assert "wrote the Parquet summaries of 5 step/rank(s)" in caplog.text
+    assert "1 step/rank directory without summaries (step1/rank2)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="torchparity"):  # the second query writes nothing
+        rc, out, err = _run("query", str(root), "SELECT count(*) AS n FROM ops", "--format", "csv")
+    assert rc == 0 and out.splitlines() == ["n", "25"] and "wrote the Parquet" not in caplog.text
+
+
+def test_query_says_why_when_the_summaries_cannot_be_written(tmp_path: Path, monkeypatch) -> None:
+    from torchparity.dump import columnar
+
+    root = _synth(tmp_path / "d")
+    real_write = columnar._write_atomic
+
+    def disk_full(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(columnar, "_write_atomic", disk_full)
     rc, out, err = _run("query", str(root), "SELECT 1")
     assert rc == 2 and out == ""
-    assert err.count("\n") == 1 and f"torchparity compact {root}" in err and "Traceback" not in err
+    assert err.count("\n") == 1 and "No space left on device" in err and f"torchparity compact {root}" in err
+    assert "Traceback" not in err
+    monkeypatch.setattr(columnar, "_write_atomic", real_write)
+    rc, out, err = _run("query", str(root), "SELECT count(*) AS n FROM ops", "--format", "csv")
+    assert rc == 0 and out.splitlines() == ["n", "30"], err
 
 
 def test_compact_then_query_every_rank_and_step(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ def _records(path):
 
 def test_numerics_unchanged_bitwise(tmp_path):
     base = _train("aot_eager")
-    got = _train(compile_backend(tmp_path / "d", inner="eager"))
+    got = _train(compile_backend(tmp_path / "d", inner="eager", summaries="step"))
     assert base[0] == got[0]
     assert all(torch.equal(a, b) for a, b in zip(base[1], got[1]))
     # written by the dump's own writer: its rank lock and Parquet summaries come with it
@@ -175,12 +175,15 @@ def test_graph_break_captures_both_graphs(tmp_path):
             ("fc1", "aten.mm.default"), ("fc2", "aten.mm.default")} <= bwd
 
 
-@pytest.mark.parametrize("when", ["close", "off"])
+@pytest.mark.parametrize("when", ["close", "off", None])
 def test_summaries_option_reaches_the_dump_writer(tmp_path, when):
     """summaries="close"/"off" as for torchparity.dump: no Parquet work at each step's end; with
-    "close" they are all there after close(), with "off" none are, and the records are the same."""
-    base = _train(compile_backend(tmp_path / "step", inner="eager"))
-    got = _train(compile_backend(tmp_path / when, inner="eager", summaries=when))
+    "close" they are all there after close(), with "off" (the default: None) none are, and the
+    records are the same."""
+    base = _train(compile_backend(tmp_path / "step", inner="eager", summaries="step"))
+    kw = {} if when is None else {"summaries": when}
+    when = when or "default"
+    got = _train(compile_backend(tmp_path / when, inner="eager", **kw))
     assert base[0] == got[0]
     assert _records(tmp_path / when) == _records(tmp_path / "step")
     has_summary = (tmp_path / when / "summary").is_dir() and any((tmp_path / when / "summary").rglob("*.parquet"))

@@ -26,7 +26,7 @@ def _train(path: Path, seed: int = 0, steps: int = 2, scale: float = 1.0) -> Pat
         model[2].weight.mul_(scale)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
-    with torchparity.dump(str(path), level="mix", mode="statistics", model=model):
+    with torchparity.dump(str(path), level="mix", mode="statistics", model=model, summaries="step"):
         for _ in range(steps):
             model(x).square().mean().backward()
             opt.step()
@@ -219,7 +219,7 @@ def _run_net(path: Path, level: str, mode: str, **kw) -> Path:
     model = _Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
-    with torchparity.dump(str(path), level=level, mode=mode, model=model, **kw):
+    with torchparity.dump(str(path), level=level, mode=mode, model=model, **{"summaries": "step", **kw}):
         for _ in range(2):
             model(x).square().mean().backward()
             opt.step()
@@ -363,7 +363,7 @@ def test_summaries_option_is_validated_and_read_from_config_files(tmp_path: Path
     from torchparity.capture.options import DumpOptions, load_options_file
     from torchparity.errors import UsageError
 
-    assert DumpOptions().summaries == "step"
+    assert DumpOptions().summaries == "off"  # no Parquet work while training unless asked
     with pytest.raises(UsageError, match="summaries must be step, close or off"):
         DumpOptions(summaries="never")
     cfg = tmp_path / "dump.yaml"
@@ -379,7 +379,7 @@ def test_live_fingerprint_is_the_files_and_detects_an_edit(tmp_path: Path) -> No
     from torchparity.dump.writer import DumpWriter
 
     root = tmp_path / "big"
-    w = DumpWriter(root, {"tool_version": "test"}, fsync=False)
+    w = DumpWriter(root, {"tool_version": "test"}, fsync=False, summaries="step")
     for i in range(120):  # ~240 KiB in 120 batches: the head and the tail are both partial batches
         w.submit(Batch(0, 0, [r for r in _odd_records(0) if r.op != "bad op?"] * 3, [], None))
     w.end_step(0)

@@ -376,7 +376,7 @@ def test_dumping_again_into_the_same_directory_replaces_the_earlier_run(tmp_path
         writer._OPENED_IN_THIS_PROCESS.clear()  # what a new process starts with
         model = torch.nn.Linear(4, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        with torchparity.dump(str(tmp_path / "d"), level="api"):
+        with torchparity.dump(str(tmp_path / "d"), level="api", summaries="step"):
             for _ in range(n_steps):
                 model(torch.ones(2, 4)).sum().backward()
                 opt.step()

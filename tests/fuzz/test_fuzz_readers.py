@@ -362,7 +362,7 @@ def make_real_dump(root: Path, mode: str = "tensor") -> Path:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.GELU(), torch.nn.Linear(6, 2))
     x = torch.randn(3, 4)
-    with torchparity.dump(str(root), level="aten", mode=mode, model=model, stack=True):
+    with torchparity.dump(str(root), level="aten", mode=mode, model=model, stack=True, summaries="step"):
         model(x).sum().backward()
     return root
 

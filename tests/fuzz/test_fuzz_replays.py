@@ -25,7 +25,7 @@ def _real_dump(root: Path, mode: str) -> Path:
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.GELU(), torch.nn.Linear(6, 2))
-    with torchparity.dump(str(root), level="aten", mode=mode, model=model, stack=True):
+    with torchparity.dump(str(root), level="aten", mode=mode, model=model, stack=True, summaries="step"):
         model(torch.randn(3, 4)).sum().backward()
     return root
 

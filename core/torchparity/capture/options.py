@@ -56,7 +56,9 @@ class DumpOptions:
     # record each parameter's gradient hash (after the all-reduce) and parameter hash (after the
     # step) per rank in DIR/replicas/, for `torchparity replicas DIR` (docs/replicas.md)
     replica_check: bool = False
-    summaries: str = "step"  # Parquet summaries (docs/query.md): at each step's end, at the dump's close, or off
+    # Parquet summaries (docs/query.md): "off" (default: none while training, the first
+    # `torchparity query` writes them), at each step's end ("step"), or at the dump's close ("close")
+    summaries: str = "off"
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):
             self.path = os.fspath(self.path)

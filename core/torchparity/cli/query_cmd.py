@@ -36,8 +36,9 @@ def _table(df: object, limit: int) -> str:
 def query(dump: str, sql: str, fmt: str, limit: int) -> None:
     """Run SQL over every step and rank of DUMP without loading a tensor: DuckDB SQL over the
     views ops (one row per record), tensors (one row per argument/result, with its statistics)
-    and modules (one row per module and phase), each with step and rank columns. Needs the
-    summaries the dump writes at the end of each step (older dumps: torchparity compact DUMP).
+    and modules (one row per module and phase), each with step and rank columns. Reads the
+    dump's Parquet summaries; the first query of a dump writes them (torchparity compact DUMP
+    does the same), for every step/rank that has finished.
 
     \b
     Examples:

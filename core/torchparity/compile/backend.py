@@ -121,7 +121,7 @@ class CompileCapture:
     def __init__(self, output_dir: str | Path | None, *, mode: str = "statistics", inner: str = "inductor",
                  sink: Any = None, inductor_config: dict[str, Any] | None = None,
                  graph_pass: Callable[[torch.fx.GraphModule, str], None] | None = None,
-                 summaries: str = "step", device_stats: bool | None = None) -> None:
+                 summaries: str = "off", device_stats: bool | None = None) -> None:
         # ``sink`` (torchparity.dump's compiled-model bridge, compile/in_dump.py) takes each graph
         # run's records and extra outputs instead of this object's own dump
         if mode not in (_DUMP_MODES if sink is not None else _MODES):
@@ -309,7 +309,7 @@ class CompileCapture:
 
 def compile_backend(output_dir: str | Path, *, mode: str = "statistics", inner: str = "inductor",
                     graph_pass: Callable[[torch.fx.GraphModule, str], None] | None = None,
-                    summaries: str = "step", device_stats: bool | None = None) -> CompileCapture:
+                    summaries: str = "off", device_stats: bool | None = None) -> CompileCapture:
     """A ``torch.compile`` backend capturing statistics inside the compiled graphs::
 
         cap = torchparity.compile_backend("dumps/compiled")
@@ -324,7 +324,8 @@ def compile_backend(output_dir: str | Path, *, mode: str = "statistics", inner: 
     for tests), and its changes are what runs and what is captured.
 
     ``summaries``: when the dump's Parquet summaries are written, as for :func:`torchparity.dump`:
-    ``step`` (at each step's end, on the writer thread), ``close`` or ``off``.
+    ``off`` (the default: not while training; the first ``torchparity query`` writes them),
+    ``step`` (at each step's end, on the writer thread) or ``close``.
 
     ``device_stats``: the statistics of accelerator values are batched (None, the default: one
     copy kernel per value into a staging buffer, a constant number of kernels per flush, the rows

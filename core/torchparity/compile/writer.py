@@ -23,7 +23,7 @@ class CompiledDump:
     """Step by step, the records of one :class:`~torchparity.compile.backend.CompileCapture`.
     The writer starts with the first step written (nothing is created before)."""
 
-    def __init__(self, root: Path, compile_header: Callable[[], dict[str, Any]], summaries: str = "step") -> None:
+    def __init__(self, root: Path, compile_header: Callable[[], dict[str, Any]], summaries: str = "off") -> None:
         self.root = root
         self.summaries = summaries
         self.compile_header = compile_header

@@ -42,10 +42,12 @@ class CompactReport:
     seconds: float = 0.0
 
 
-def compact(path: str | Path, force: bool = False) -> CompactReport:
+def compact(path: str | Path, force: bool = False, finished_only: bool = False) -> CompactReport:
     """Write the summaries of every torchparity (step, rank) of the dump at ``path`` (its root).
 
     :param force: rewrite summaries that are already current.
+    :param finished_only: leave out (step, rank)s without ``footer.json``: still being written (a
+        summary of them would soon be stale), or their process was killed (``torchparity query``).
     :raises DumpError: ``path`` holds no dump, is not a dump root, or pyarrow is missing.
     """
     from .reader import open_dump
@@ -64,6 +66,9 @@ def compact(path: str | Path, force: bool = False) -> CompactReport:
     rep = CompactReport(root)
     for u in units:
         rel = f"step{u.step}/rank{u.rank}"
+        if finished_only and not (u.path / "footer.json").is_file():
+            rep.failed.append(f"{rel}: no footer.json (still being written, or its process was killed)")
+            continue
         if not force and columnar.summary_state(u)[0] == "ok":
             rep.up_to_date.append(rel)
             continue

@@ -51,9 +51,15 @@ def missing_units(root: Path) -> list[str]:
 
 def connect(path: str | Path) -> Any:
     """A DuckDB connection with the views ``ops``, ``tensors`` and ``modules`` over the dump at
-    ``path`` (its root). Summaries missing for some (step, rank) are logged (one line).
+    ``path`` (its root).
 
-    :raises DumpError: no summaries at all (run ``torchparity compact DIR``), or duckdb is missing.
+    A dump written with ``summaries="off"`` (the default: no Parquet work while training) gets its
+    summaries here, on its first query: :func:`.compact.compact` writes those of every finished
+    (step, rank) that has none (one log line says so). A (step, rank) without ``footer.json`` (still
+    being written, or its process was killed) is left out with a one-line warning, as is one whose
+    summary could not be written.
+
+    :raises DumpError: no summaries could be had (the message says why), or duckdb is missing.
     """
     root = Path(path)
     if not root.is_dir():
@@ -62,11 +68,15 @@ def connect(path: str | Path) -> Any:
         import duckdb
     except ImportError as exc:
         raise DumpError(f"torchparity query needs duckdb ({exc}); install it (pip install duckdb)") from None
+    missing = missing_units(root)
+    failed: list[str] = []
+    if missing:
+        missing, failed = _write_missing(root, missing)
     files = {t: _parts(root, t) for t in columnar.TABLES}
     if not all(files.values()):
-        raise DumpError(f"{root} has no Parquet summaries ({columnar.SUMMARY_DIR}/ops, tensors, modules); "
+        why = f" and they could not be written ({failed[0]}{' ...' if len(failed) > 1 else ''})" if failed else ""
+        raise DumpError(f"{root} has no Parquet summaries ({columnar.SUMMARY_DIR}/ops, tensors, modules){why}; "
                         f"write them with: torchparity compact {root}")
-    missing = missing_units(root)
     if missing:
         log.warning("%s: %d step/rank director%s without summaries (%s%s) are not in the query; "
                     "run torchparity compact %s", root, len(missing), "y" if len(missing) == 1 else "ies",
@@ -77,6 +87,26 @@ def connect(path: str | Path) -> Any:
         con.execute(f"CREATE VIEW {t} AS SELECT * REPLACE (CAST(step AS BIGINT) AS step, CAST(rank AS BIGINT) AS rank) "
                     f"FROM read_parquet([{listing}], hive_partitioning=true)")
     return con
+
+
+def _write_missing(root: Path, missing: list[str]) -> tuple[list[str], list[str]]:
+    """Write the summaries of the finished units among ``missing`` (``torchparity compact``'s
+    work); returns those still without one, and why (``stepS/rankR: why``)."""
+    from .compact import compact
+
+    try:
+        rep = compact(root, finished_only=True)
+    except DumpError as exc:
+        raise DumpError(f"{root}: {len(missing)} step/rank(s) have no Parquet summaries and they cannot be "
+                        f"written here ({exc})") from None
+    except OSError as exc:  # a read-only dump, a full disk
+        raise DumpError(f"{root}: {len(missing)} step/rank(s) have no Parquet summaries and they cannot be "
+                        f"written here ({exc.strerror or exc}); run torchparity compact on a writable copy") from None
+    if rep.written:
+        log.warning("torchparity: wrote the Parquet summaries of %d step/rank(s) of %s first (%d records, %.1f s; "
+                    "dumps are written with summaries='off' unless asked, the next query starts at once)",
+                    len(rep.written), root, rep.records, rep.seconds)
+    return missing_units(root), rep.failed
 
 
 def query(path: str | Path, sql: str) -> Any:

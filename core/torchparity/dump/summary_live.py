@@ -221,7 +221,8 @@ class SummarySink:
 
         :param whole: the writer wrote every record and module line it was given (no error)."""
         if self.when == "off":
-            footer.update(summary=False, summary_error="summaries='off' (torchparity compact DIR writes them)")
+            footer.update(summary=False, summary_error="summaries='off': not written while training "
+                                                       "(torchparity query or torchparity compact DIR writes them)")
             return
         if live is not None and not whole:
             live.why_not = live.why_not or "a write failed"

@@ -150,7 +150,7 @@ class DumpWriter:
 
     def __init__(self, root: str | os.PathLike[str], header: dict[str, Any], *, fsync: bool = True,
                  max_bytes: int | None = None, max_queue_bytes: int = 1 << 30, rank: int | None = None,
-                 step_header: Callable[[int], dict[str, Any]] | None = None, summaries: str = "step") -> None:
+                 step_header: Callable[[int], dict[str, Any]] | None = None, summaries: str = "off") -> None:
         self.root = Path(root)
         self.header = header
         self.step_header = step_header  # step -> what that step's header.json adds or overrides
