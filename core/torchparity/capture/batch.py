@@ -34,6 +34,9 @@ class Batch:
     tensor_refs: list[TensorEntry] = field(default_factory=list)
     # md5 mode: (entry, HostCopy) whose checksum the sink computes once the copy is done
     checksums: list[tuple[TensorEntry, Any]] = field(default_factory=list)
+    # records given as pre-encoded lines (a dump.record_json.LineTemplates; ``records`` is then
+    # empty): the sink writes them with this batch's step and one statistics row each (``stats``)
+    lines: Any = None
 
 
 class RecordSink(Protocol):

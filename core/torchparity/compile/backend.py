@@ -269,6 +269,8 @@ class CompileCapture:
             return 0
         host = self.host_rows([s for _, stats, _ in buf for s in stats])
         captured: list[NodeRecord] = []
+        # the graph runs' record lists identify the step's records while no size is symbolic
+        key = None if any(shapes for _, _, shapes in buf) else tuple(records for records, _, _ in buf)
         for records, _, shapes in buf:
             if not shapes:
                 captured.extend(records)
@@ -278,7 +280,7 @@ class CompileCapture:
                     rec = dataclasses.replace(rec, shape=shapes[j][0], stride=shapes[j][1])
                 captured.append(rec)
         assert self._dump is not None  # a sink's capture is stepped by its dump
-        n = self._dump.write_step(self.step_index, captured, host)
+        n = self._dump.write_step(self.step_index, captured, host, key)
         self.records_per_step.append(n)
         self.step_index += 1
         return n

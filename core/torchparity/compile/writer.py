@@ -29,6 +29,7 @@ class CompiledDump:
         self.compile_header = compile_header
         self._writer: Any = None
         self._rank = 0
+        self._tpl: tuple[Any, ...] | None = None  # (key, LineTemplates or None, stacks) of the last steps
 
     def _open(self) -> Any:
         from .. import __version__
@@ -43,15 +44,56 @@ class CompiledDump:
                                   summaries=self.summaries)
         return self._writer
 
-    def write_step(self, step: int, captured: list[NodeRecord], stats: Any) -> int:
+    def write_step(self, step: int, captured: list[NodeRecord], stats: Any, key: tuple[Any, ...] | None = None) -> int:
         """Write one step's records (``captured``, in execution order; ``stats``: their statistics,
         one row of six per record: a float64 host tensor, or a ``StatRows`` of batcher rows the
-        writer thread reads once their transfer is done). Returns the number of records written."""
+        writer thread reads once their transfer is done). Returns the number of records written.
+
+        ``key``: what identifies ``captured`` from step to step (the graph runs' record lists, in
+        order; None when this step's records may differ from the last's, e.g. symbolic shapes).
+        A step whose key is the last one's repeats its records but for the step and the
+        statistics: the writer then gets pre-encoded lines (:class:`~..dump.record_json.LineTemplates`)
+        instead of record objects, built once per key. Not with Parquet summaries written while
+        training (``summaries`` step or close), which collect record objects."""
         writer = self._writer or self._open()
         rank = self._rank
+        if key is not None and self.summaries == "off":
+            if self._tpl is None or len(self._tpl[0]) != len(key) or any(a is not b for a, b in zip(self._tpl[0], key)):
+                self._tpl = (key, *self._templates(step, captured, rank))
+            lines, stacks = self._tpl[1], self._tpl[2]
+            if lines is not None:
+                if stacks:
+                    writer.add_stacks(step, rank, stacks)
+                writer.submit(Batch(step, rank, [], [], stats, lines=lines))
+                writer.end_step(step)
+                return lines.n
+        records, slots, stacks = self._records(step, captured, rank)
+        for sid, frames in stacks:
+            writer.add_stack(step, rank, sid, frames)
+        writer.submit(Batch(step, rank, records, slots, stats))
+        # no flush: the writer thread writes the step while training goes on (waiting for it here
+        # cost ~16 ms of a 16 ms step); close() writes what is queued
+        writer.end_step(step)
+        return len(records)
+
+    def _templates(self, step: int, captured: list[NodeRecord], rank: int) -> tuple[Any, list[tuple[int, list[str]]]]:
+        """(LineTemplates of these records, or None where they do not fit; their call stacks)."""
+        from ..dump.record_json import LineTemplates
+
+        records, _, stacks = self._records(step, captured, rank)
+        try:
+            return LineTemplates(records), stacks
+        except ValueError:
+            return None, stacks
+
+    @staticmethod
+    def _records(step: int, captured: list[NodeRecord], rank: int) -> tuple[list[Any], list[Any], list[tuple[int, list[str]]]]:
+        """The step's record objects, their entries awaiting statistics, and the call stacks
+        ``(id, [source line])`` they name."""
         names: dict[str, int] = {}
         calls: dict[tuple[str, str, str], int] = {}
-        stacks: dict[str, int] = {}
+        stack_ids: dict[str, int] = {}
+        stacks: list[tuple[int, list[str]]] = []
         records, slots = [], []
         for rid, rec in enumerate(captured):
             short = rec.op.split(".")[1] if rec.op.startswith(("aten.", "prims.")) else rec.op.split(".")[0]
@@ -62,10 +104,10 @@ class CompiledDump:
             calls[key] = ci + 1
             stack = None
             if rec.source:
-                stack = stacks.get(rec.source)
+                stack = stack_ids.get(rec.source)
                 if stack is None:
-                    stack = stacks[rec.source] = len(stacks)
-                    writer.add_stack(step, rank, stack, [rec.source])
+                    stack = stack_ids[rec.source] = len(stack_ids)
+                    stacks.append((stack, [rec.source]))
             r = op_record(rid, f"Aten.{short}.{n}.{rec.phase}", rec.op, "aten", rec.phase, rec.module, ci, step,
                           rank, rec.module_class, None, stack,
                           {"compiled": True, "node": rec.node, "node_id": rec.node_id, **rec.extra})
@@ -73,11 +115,7 @@ class CompiledDump:
             r.tensors = [e]
             records.append(r)
             slots.append(e)
-        writer.submit(Batch(step, rank, records, slots, stats))
-        # no flush: the writer thread writes the step while training goes on (waiting for it here
-        # cost ~16 ms of a 16 ms step); close() writes what is queued
-        writer.end_step(step)
-        return len(records)
+        return records, slots, stacks
 
     def close(self) -> None:
         """Write what is queued and close the dump."""

@@ -218,6 +218,10 @@ class DumpWriter:
     def add_stack(self, step: int, rank: int, sid: int, frames: list[str]) -> None:
         self._queue.put(("stack", (step, rank, sid, frames)))
 
+    def add_stacks(self, step: int, rank: int, stacks: list[tuple[int, list[str]]]) -> None:
+        """Several call stacks of one step at once: ``(sid, frames)`` each (one queue message)."""
+        self._queue.put(("stacks", (step, rank, stacks)))
+
     def add_modules(self, entries: list[tuple[str, str, str | None]]) -> None:
         self._queue.put(("modules", entries))
 
@@ -269,6 +273,12 @@ class DumpWriter:
 
     def _write_batch(self, b: Batch) -> None:
         rf = self._rank_files(b.step, b.rank)
+        if b.lines is not None:  # pre-encoded records (a compiled graph's): the step and statistics filled in
+            rows = b.stats.tolist() if not isinstance(b.stats, torch.Tensor) else b.stats.cpu().tolist()
+            self._append_records(rf, b, b.lines.encode(b.step, rows), b.lines.n)
+            if rf.summary is not None:  # no record objects to collect: summarized from the file
+                rf.summary.why_not = rf.summary.why_not or "records written as pre-encoded lines"
+            return
         ready: set[int] = set()  # ids of the statistics dicts that encode as they are (record_json)
         if b.stats is not None and b.stat_slots:
             # a StatRows waits here (the writer thread) for its flush's device-to-host copy
@@ -284,18 +294,23 @@ class DumpWriter:
             if e.file is None:
                 e.key = None
         data = encode_lines(b.records, ready)  # "".join(_record_line(r.to_json()) ...), less work
+        if self._append_records(rf, b, data, len(b.records)) and rf.summary is not None:
+            rf.summary.add(b.records, data)
+
+    def _append_records(self, rf: _RankFiles, b: Batch, data: bytes, n: int) -> bool:
+        """Append ``n`` encoded records to the rank's records.jsonl; False (and the dump stopped,
+        with one message) when the disk refused them."""
         try:
             _append(rf.records, data)
         except OSError as exc:
-            rf.dropped_records += len(b.records)
+            rf.dropped_records += n
             self._fail(f"writing the dump to {self.root} failed at step {b.step} ({_reason(exc)}): the "
                        f"{rf.n_records} records written before are kept and readable, nothing after is "
                        f"saved; training goes on. Free disk space or choose another path.")
-            return
+            return False
         self._sync(rf.records)
-        rf.n_records += len(b.records)
-        if rf.summary is not None:
-            rf.summary.add(b.records, data)
+        rf.n_records += n
+        return True
 
     def _drop_tensors(self, rf: _RankFiles, b: Batch, keys: Any) -> None:
         for k in keys:
@@ -435,6 +450,11 @@ class DumpWriter:
                     step, rank, sid, frames = payload
                     rf = self._rank_files(step, rank)
                     _append(rf.stacks, (json.dumps({"id": sid, "frames": frames}) + "\n").encode())
+                elif kind == "stacks":
+                    step, rank, stacks = payload
+                    rf = self._rank_files(step, rank)
+                    _append(rf.stacks, "".join(json.dumps({"id": sid, "frames": frames}) + "\n"
+                                               for sid, frames in stacks).encode())
                 elif kind == "modules":
                     lines = [{"path": p, "class": c, "parent": par} for p, c, par in payload]
                     self._module_lines.extend(lines)
