@@ -103,7 +103,7 @@ def _write_missing(root: Path, missing: list[str]) -> tuple[list[str], list[str]
         raise DumpError(f"{root}: {len(missing)} step/rank(s) have no Parquet summaries and they cannot be "
                         f"written here ({exc.strerror or exc}); run torchparity compact on a writable copy") from None
     if rep.written:
-        log.warning("torchparity: wrote the Parquet summaries of %d step/rank(s) of %s first (%d records, %.1f s; "
+        log.warning("wrote the Parquet summaries of %d step/rank(s) of %s first (%d records, %.1f s; "
                     "dumps are written with summaries='off' unless asked, the next query starts at once)",
                     len(rep.written), root, rep.records, rep.seconds)
     return missing_units(root), rep.failed
