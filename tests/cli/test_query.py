@@ -72,7 +72,7 @@ def test_query_writes_missing_summaries_first_and_leaves_out_unfinished_units(tm
     assert rc == 0, err
     assert out.splitlines() == ["step,rank,n"] + [f"{s},{r},5" for s in range(2) for r in range(3) if (s, r) != (1, 2)]
     assert "wrote the Parquet summaries of 5 step/rank(s)" in caplog.text
-    assert "1 step/rank directory without summaries (step1/rank2)" in caplog.text
+    assert "1 step/rank directory without a current summary (step1/rank2)" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="torchparity"):  # the second query writes nothing
         rc, out, err = _run("query", str(root), "SELECT count(*) AS n FROM ops", "--format", "csv")
@@ -91,7 +91,7 @@ def test_query_says_why_when_the_summaries_cannot_be_written(tmp_path: Path, mon
     monkeypatch.setattr(columnar, "_write_atomic", disk_full)
     rc, out, err = _run("query", str(root), "SELECT 1")
     assert rc == 2 and out == ""
-    assert err.count("\n") == 1 and "No space left on device" in err and f"torchparity compact {root}" in err
+    assert err.count("\n") == 1 and "No space left on device" in err and "copy the dump to a writable place" in err
     assert "Traceback" not in err
     monkeypatch.setattr(columnar, "_write_atomic", real_write)
     rc, out, err = _run("query", str(root), "SELECT count(*) AS n FROM ops", "--format", "csv")
@@ -146,3 +146,46 @@ def test_python_api_returns_a_dataframe(tmp_path: Path) -> None:
     assert sorted(rep.written) == ["step0/rank0", "step0/rank1"]
     df = torchparity.query(root, "SELECT rank, sum(tensors) AS t FROM ops GROUP BY rank ORDER BY rank")
     assert df.to_dict("list") == {"rank": [0, 1], "t": [10, 10]}
+
+
+def test_query_rewrites_a_summary_the_dump_appended_to_since(tmp_path: Path) -> None:
+    """A summary older than its records.jsonl (records appended after a query) is checked and
+    rewritten before the query reads it: the answer counts every record."""
+    import os
+
+    root = _synth(tmp_path / "d", steps=1, ranks=1)
+    rc, out, _ = _run("query", str(root), "SELECT count(*) AS n FROM ops", "--format", "csv")
+    assert rc == 0 and out.splitlines() == ["n", "5"]
+    rec = root / "step0" / "rank0" / "records.jsonl"
+    lines = rec.read_text().splitlines()
+    rec.write_text("\n".join(lines + [lines[0].replace('"id": 0', '"id": 5')]) + "\n")
+    later = rec.stat().st_mtime_ns + 10**9
+    os.utime(rec, ns=(later, later))  # a coarse clock must not hide the change
+    rc, out, err = _run("query", str(root), "SELECT count(*) AS n FROM ops", "--format", "csv")
+    assert rc == 0 and out.splitlines() == ["n", "6"], err
+
+
+def test_a_stale_summary_that_cannot_be_rewritten_is_left_out(tmp_path: Path, caplog) -> None:
+    import os
+
+    root = _synth(tmp_path / "d", steps=2, ranks=1)
+    assert _run("query", str(root), "SELECT 1")[0] == 0
+    (root / "step1" / "rank0" / "footer.json").unlink()  # being written to again
+    rec = root / "step1" / "rank0" / "records.jsonl"
+    rec.write_text(rec.read_text() + rec.read_text().splitlines()[0] + "\n")
+    later = rec.stat().st_mtime_ns + 10**9
+    os.utime(rec, ns=(later, later))
+    with caplog.at_level("WARNING", logger="torchparity"):
+        rc, out, err = _run("query", str(root), "SELECT step, count(*) AS n FROM ops GROUP BY step", "--format", "csv")
+    assert rc == 0 and out.splitlines() == ["step,n", "0,5"], err  # not step 1's stale 5
+    assert "without a current summary (step1/rank0)" in caplog.text
+
+
+def test_a_value_pyarrow_refuses_is_a_one_line_error(tmp_path: Path) -> None:
+    root = _synth(tmp_path / "d", steps=1, ranks=1)
+    rec = root / "step0" / "rank0" / "records.jsonl"
+    rec.write_text(rec.read_text().replace("layers.0", "layers.\\ud800"))  # a lone surrogate in a module path
+    rc, out, err = _run("query", str(root), "SELECT 1")
+    assert rc == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1
+    assert "could not be summarized" in err
+

@@ -103,3 +103,45 @@ def test_a_record_that_does_not_fit_is_refused() -> None:
     marked[0].module = "\x01torchparity-stats\x01"  # the stand-in in a value: two occurrences
     with pytest.raises(ValueError):
         record_json.LineTemplates(marked)
+
+
+def test_only_plain_tensor_entries_awaiting_statistics_are_taken() -> None:
+    for change in (lambda e: setattr(e, "md5", "abc"), lambda e: setattr(e, "producer", [0, 0]),
+                   lambda e: setattr(e, "file", "t.safetensors"), lambda e: setattr(e, "kind", "scalar"),
+                   lambda e: setattr(e, "stats", {"max": 1.0})):
+        recs = _records(1)
+        change(recs[0].tensors[0])
+        with pytest.raises(ValueError):  # encode_lines would spell these otherwise
+            record_json.LineTemplates(recs)
+
+
+def test_a_refused_batch_of_lines_is_counted_in_the_footer(tmp_path: Path) -> None:
+    import json
+
+    from torchparity.capture.batch import Batch
+    from torchparity.dump.writer import DumpWriter
+
+    w = DumpWriter(tmp_path / "d", {"tool_version": "test"}, fsync=False, rank=0)
+    tpl = record_json.LineTemplates(_records(5))
+    w.submit(Batch(0, 0, [], [], torch.zeros(5, 6, dtype=torch.float64), lines=tpl))
+    w.flush()
+    w.error = "test: the disk refused a write"  # what _fail leaves: later batches are only counted
+    w.submit(Batch(0, 0, [], [], torch.zeros(5, 6, dtype=torch.float64), lines=tpl))
+    w.end_step(0)
+    w.close()
+    footer = json.loads((tmp_path / "d" / "step0" / "rank0" / "footer.json").read_text())
+    assert footer["records"] == 5 and footer["dropped_records"] == 5 and footer["complete"] is False
+
+
+def test_the_placeholder_of_a_batched_value_never_carries_autograd_history() -> None:
+    from torchparity.capture.stat_batch import StatBatcher
+    from torchparity.compile.stats_op import _PLACEHOLDERS, collecting, value_stats_op
+
+    op = value_stats_op()
+    x = torch.randn(4, 4, requires_grad=True)
+    refs = [None]
+    with collecting(StatBatcher(), refs, cpu_too=True):
+        out = op(x * 2, 0)  # grad enabled, an input with history
+    assert refs[0] is not None and out.shape == (6,)
+    for p in _PLACEHOLDERS.values():
+        assert p.grad_fn is None and not p.requires_grad

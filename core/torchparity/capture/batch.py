@@ -38,6 +38,11 @@ class Batch:
     # empty): the sink writes them with this batch's step and one statistics row each (``stats``)
     lines: Any = None
 
+    @property
+    def n_records(self) -> int:
+        """The records this batch carries (as objects, or as pre-encoded lines)."""
+        return self.lines.n if self.lines is not None else len(self.records)
+
 
 class RecordSink(Protocol):
     """Where a :class:`~torchparity.capture.session.CaptureSession` sends what it captured."""

@@ -70,7 +70,9 @@ def _value_stats(x: torch.Tensor, slot: int = -1) -> torch.Tensor:
         ref = run[0].add(x)
         if ref is not None:  # None: nothing to stage (an empty value at run time): measured below
             run[1][slot] = ref
-            return _placeholder(x.device, _acc(x))  # no kernel, no allocation
+            # a fresh alias (no kernel, no storage): autograd metadata an op call may attach to
+            # its output never lands on the shared tensor
+            return _placeholder(x.device, _acc(x)).detach()
     if x.device.type == "cpu":
         vals = host_stats(x)
         if vals is None:  # empty

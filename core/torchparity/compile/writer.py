@@ -122,3 +122,4 @@ class CompiledDump:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        self._tpl = None  # its lines spell this rank

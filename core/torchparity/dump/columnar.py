@@ -44,6 +44,7 @@ from .units import DumpUnit
 SUMMARY_DIR = "summary"
 TABLES = ("ops", "tensors", "modules")
 PART = "part.parquet"
+CANNOT_WRITE = f"cannot write {SUMMARY_DIR}/"  # how a failed write's reason starts (the disk, not the data)
 META_KEY = b"torchparity"
 FP_BYTES = 1 << 16  # the fingerprint hashes the first and the last FP_BYTES of records.jsonl
 DIGEST_SUFFIX = ".xxh3"  # part.parquet.xxh3: the XXH3-128 hex digest of part.parquet's bytes
@@ -157,7 +158,7 @@ def _write_atomic(table: Any, path: Path, meta: dict[str, Any], fsync: bool) -> 
     (temporary, final) pairs, renamed by the caller.
 
     The Parquet bytes are made in memory and hashed there: one ``write`` per file, no second read
-    of the file for its digest (a summary is a few hundred KiB at most per (step, rank))."""
+    of the file for its digest (some 200 bytes per record: ~10 MB for a 50,000-record (step, rank))."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import xxhash
@@ -198,6 +199,8 @@ def write_tables(dump_root: Path, step: int, rank: int,
         tables, meta = make()
     except NotSummarizable as exc:
         return f"the records do not fit the summary schema ({exc})"
+    except Exception as exc:  # a value pyarrow refuses (a lone surrogate in a name, ...): the JSONL serves
+        return f"the records could not be summarized ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
     temps: list[tuple[Path, Path]] = []
     try:
         for name in TABLES:
@@ -205,13 +208,15 @@ def write_tables(dump_root: Path, step: int, rank: int,
             temps += _write_atomic(tables[name], dest, dict(meta, table=name), fsync)
         for tmp, dest in temps:
             os.replace(tmp, dest)
-    except OSError as exc:
+    except Exception as exc:  # OSError (disk full, read-only), or pyarrow refusing a value
         for tmp, _ in temps:
             try:
                 tmp.unlink()
             except OSError:
                 pass
-        return f"cannot write {SUMMARY_DIR}/ ({exc.strerror or exc})"
+        if isinstance(exc, OSError):
+            return f"{CANNOT_WRITE} ({exc.strerror or exc})"
+        return f"the records could not be summarized ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
     return None
 
 

@@ -14,6 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Collection
 
 from ..errors import DumpError
 from . import columnar
@@ -42,12 +43,16 @@ class CompactReport:
     seconds: float = 0.0
 
 
-def compact(path: str | Path, force: bool = False, finished_only: bool = False) -> CompactReport:
+def compact(path: str | Path, force: bool = False, finished_only: bool = False,
+            only: Collection[str] | None = None) -> CompactReport:
     """Write the summaries of every torchparity (step, rank) of the dump at ``path`` (its root).
 
     :param force: rewrite summaries that are already current.
     :param finished_only: leave out (step, rank)s without ``footer.json``: still being written (a
         summary of them would soon be stale), or their process was killed (``torchparity query``).
+    :param only: just these ``stepS/rankR`` (``torchparity query``'s missing or stale ones); the
+        clean-up of summaries of units the dump no longer holds and of temporary files left by a
+        killed writer is then skipped (another process may be writing them right now).
     :raises DumpError: ``path`` holds no dump, is not a dump root, or pyarrow is missing.
     """
     from .reader import open_dump
@@ -66,6 +71,8 @@ def compact(path: str | Path, force: bool = False, finished_only: bool = False) 
     rep = CompactReport(root)
     for u in units:
         rel = f"step{u.step}/rank{u.rank}"
+        if only is not None and rel not in only:
+            continue
         if finished_only and not (u.path / "footer.json").is_file():
             rep.failed.append(f"{rel}: no footer.json (still being written, or its process was killed)")
             continue
@@ -83,6 +90,9 @@ def compact(path: str | Path, force: bool = False, finished_only: bool = False) 
         meta = columnar.read_meta(columnar.part_path(root, "ops", u.step, u.rank))
         rep.records += int(meta.get("scanned", 0))
         rep.skipped += [w for w, _ in meta["scan_warnings"] + meta["frame_warnings"]]
+    if only is not None:
+        rep.seconds = time.perf_counter() - t0
+        return rep
     have = {(u.step, u.rank) for u in units}
     for table in columnar.TABLES:
         base = columnar.summary_root(root) / table

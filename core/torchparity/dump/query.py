@@ -34,19 +34,42 @@ def _parts(root: Path, table: str) -> list[Path]:
     return sorted(base.glob(f"step=*/rank=*/{columnar.PART}")) if base.is_dir() else []
 
 
+def _unit_of(part: Path) -> str:
+    """``stepS/rankR`` of a summary file ``.../step=S/rank=R/part.parquet``."""
+    return f"step{part.parent.parent.name[5:]}/rank{part.parent.name[5:]}"
+
+
 def missing_units(root: Path) -> list[str]:
     """``stepS/rankR`` directories of the dump that have no summary (a cheap check: file presence)."""
-    out = []
+    return sorted(u for u, stale in _units(root).items() if stale is None)
+
+
+def _units(root: Path) -> dict[str, bool | None]:
+    """Every ``stepS/rankR`` with a records.jsonl: None when a summary file is missing; else
+    whether records.jsonl changed after its ``ops`` summary was written (modification times: a
+    dump appended to after a query, a unit summarized while it was still being written).
+    Cheap: a few ``stat`` calls per unit; compact then checks such a unit's fingerprint exactly."""
+    out: dict[str, bool | None] = {}
     for sd in root.iterdir():
         m = re.fullmatch(r"step(\d+)", sd.name)
         if not (m and sd.is_dir()):
             continue
         for rd in sd.iterdir():
             r = re.fullmatch(r"rank(\d+)", rd.name)
-            if r and (rd / "records.jsonl").is_file() and not all(
-                    columnar.part_path(root, t, int(m.group(1)), int(r.group(1))).is_file() for t in columnar.TABLES):
-                out.append(f"step{m.group(1)}/rank{r.group(1)}")
-    return sorted(out)
+            if not r:
+                continue
+            try:
+                rec = (rd / "records.jsonl").stat().st_mtime_ns
+            except OSError:
+                continue
+            step, rank = int(m.group(1)), int(r.group(1))
+            try:
+                parts = [columnar.part_path(root, t, step, rank).stat().st_mtime_ns for t in columnar.TABLES]
+            except OSError:
+                out[f"step{step}/rank{rank}"] = None
+                continue
+            out[f"step{step}/rank{rank}"] = rec > min(parts)
+    return out
 
 
 def connect(path: str | Path) -> Any:
@@ -68,17 +91,21 @@ def connect(path: str | Path) -> Any:
         import duckdb
     except ImportError as exc:
         raise DumpError(f"torchparity query needs duckdb ({exc}); install it (pip install duckdb)") from None
-    missing = missing_units(root)
+    units = _units(root)
+    todo = [u for u, stale in units.items() if stale is None or stale]
+    missing: list[str] = []
     failed: list[str] = []
-    if missing:
-        missing, failed = _write_missing(root, missing)
-    files = {t: _parts(root, t) for t in columnar.TABLES}
+    if todo:
+        missing, failed = _write_missing(root, todo)
+    left_out = set(missing)  # a stale summary of a unit that could not be rewritten is not read either
+    files = {t: [p for p in _parts(root, t) if _unit_of(p) not in left_out] for t in columnar.TABLES}
     if not all(files.values()):
         why = f" and they could not be written ({failed[0]}{' ...' if len(failed) > 1 else ''})" if failed else ""
-        raise DumpError(f"{root} has no Parquet summaries ({columnar.SUMMARY_DIR}/ops, tensors, modules){why}; "
-                        f"write them with: torchparity compact {root}")
+        fix = (f"copy the dump to a writable place and query the copy (or run torchparity compact on it)"
+               if any(columnar.CANNOT_WRITE in f for f in failed) else f"write them with: torchparity compact {root}")
+        raise DumpError(f"{root} has no Parquet summaries ({columnar.SUMMARY_DIR}/ops, tensors, modules){why}; {fix}")
     if missing:
-        log.warning("%s: %d step/rank director%s without summaries (%s%s) are not in the query; "
+        log.warning("%s: %d step/rank director%s without a current summary (%s%s) are not in the query; "
                     "run torchparity compact %s", root, len(missing), "y" if len(missing) == 1 else "ies",
                     ", ".join(missing[:3]), " ..." if len(missing) > 3 else "", root)
     con = duckdb.connect(":memory:")
@@ -89,24 +116,23 @@ def connect(path: str | Path) -> Any:
     return con
 
 
-def _write_missing(root: Path, missing: list[str]) -> tuple[list[str], list[str]]:
-    """Write the summaries of the finished units among ``missing`` (``torchparity compact``'s
-    work); returns those still without one, and why (``stepS/rankR: why``)."""
+def _write_missing(root: Path, todo: list[str]) -> tuple[list[str], list[str]]:
+    """Write the summaries of the finished units among ``todo`` (missing or stale:
+    ``torchparity compact``'s work on them alone); returns those still without a current one,
+    and why (``stepS/rankR: why``)."""
     from .compact import compact
 
     try:
-        rep = compact(root, finished_only=True)
+        rep = compact(root, finished_only=True, only=set(todo))
     except DumpError as exc:
-        raise DumpError(f"{root}: {len(missing)} step/rank(s) have no Parquet summaries and they cannot be "
+        raise DumpError(f"{root}: {len(todo)} step/rank(s) have no current Parquet summaries and they cannot be "
                         f"written here ({exc})") from None
-    except OSError as exc:  # a read-only dump, a full disk
-        raise DumpError(f"{root}: {len(missing)} step/rank(s) have no Parquet summaries and they cannot be "
-                        f"written here ({exc.strerror or exc}); run torchparity compact on a writable copy") from None
     if rep.written:
         log.warning("wrote the Parquet summaries of %d step/rank(s) of %s first (%d records, %.1f s; "
                     "dumps are written with summaries='off' unless asked, the next query starts at once)",
                     len(rep.written), root, rep.records, rep.seconds)
-    return missing_units(root), rep.failed
+    bad = {f.split(":", 1)[0] for f in rep.failed}
+    return sorted(u for u in todo if u in bad), rep.failed
 
 
 def query(path: str | Path, sql: str) -> Any:

@@ -206,7 +206,7 @@ class DumpWriter:
     # ---- producer side (training thread) --------------------------------------------------
     def submit(self, batch: Batch) -> None:
         if self.error:  # stopped: only the count travels, for the footer
-            self._queue.put(("dropped", (batch.step, batch.rank, len(batch.records))))
+            self._queue.put(("dropped", (batch.step, batch.rank, batch.n_records)))
             return
         if batch.tensors:
             with self._cond:
@@ -429,7 +429,7 @@ class DumpWriter:
                     try:
                         if self.error:  # stopped: count what is not written, for the footer
                             key = (payload.step, payload.rank)
-                            self._dropped_late[key] = self._dropped_late.get(key, 0) + len(payload.records)
+                            self._dropped_late[key] = self._dropped_late.get(key, 0) + payload.n_records
                         else:
                             self._write_batch(payload)
                     finally:
