@@ -36,14 +36,14 @@ STEP_TARGET, COMPILE_TARGET = 1.2, 1.5
 _DEVICE_STATS = {"default": None, "off": False, "on": True}
 
 
-def _make(bench: Bench, on: bool, root: str, device_stats: str = "default"):
+def _make(bench: Bench, on: bool, root: str, device_stats: str = "default", summaries: str = "off"):
     """Compile ``bench.model`` with the capture on or off; returns (compiled model, capture)."""
     import torchparity
 
     if not on:
         return torch.compile(bench.model, backend="inductor"), None
     cap = torchparity.compile_backend(tempfile.mkdtemp(dir=root), inner="inductor",
-                                      device_stats=_DEVICE_STATS[device_stats])
+                                      device_stats=_DEVICE_STATS[device_stats], summaries=summaries)
     cap.attach(bench.opt)
     return torch.compile(bench.model, backend=cap), cap
 
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="compile_backend(device_stats=...): default (accelerator values batched by the "
                          "in-graph statistics op), off (statistics computed in the graph, one host copy per "
                          "step), on (CPU values batched too)")
+    ap.add_argument("--summaries", choices=["off", "step", "close"], default="off",
+                    help="compile_backend(summaries=...): off (default, as the library's: no Parquet work while "
+                         "training), step (the writer thread builds them at each step's end)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "compile.md"),
                     help="results file (default bench/results/compile.md)")
     ap.add_argument("--_child", choices=["on", "off"], help=argparse.SUPPRESS)
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     off, on = Bench(a.device, quick=a.quick), Bench(a.device, quick=a.quick)
     print(model_line(off), flush=True)
     off.model, _ = _make(off, False, root)
-    on.model, cap = _make(on, True, root, a.device_stats)
+    on.model, cap = _make(on, True, root, a.device_stats, a.summaries)
     for b in (off, on):
         for _ in range(a.warmup):
             b.step()

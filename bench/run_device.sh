@@ -25,6 +25,7 @@
 #   PART=next: prepared for the next session with a GPU (about 7.5 min): the Triton tests, kernel variants with
 #             vectorized loads, gpu_checks, the 1B Llama at batch 8 (with a torch.profiler; and with the dumps'
 #             summaries at each step's end, no longer the default: the writer's GIL time) and 1, bench_compile
+#             with the default and with --summaries step
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -159,6 +160,8 @@ elif [ "$part" = next ]; then
     --out "$out/stream_llama1b_b8_stepsumm.md" 2>&1 | grep -E 'round'
   stamp compile; timeout 40 python bench/bench_compile.py --device cuda --compiles 0 --rounds 3 --steps 7 \
     --out "$out/compile_cuda.md" 2>&1 | grep -E 'round|^\|'
+  stamp compile-step-summaries; timeout 40 python bench/bench_compile.py --device cuda --compiles 0 --rounds 3 \
+    --steps 7 --summaries step --out "$out/compile_cuda_stepsumm.md" 2>&1 | grep -E '^\|'
   stamp done
 elif [ "$part" = issues17_18 ]; then
   python -m pytest -q -p no:cacheprovider tests/compile tests/watch 2>&1 | tail -5 | tee "$out/pytest_17_18.txt"
