@@ -145,3 +145,33 @@ def test_the_placeholder_of_a_batched_value_never_carries_autograd_history() -> 
     assert refs[0] is not None and out.shape == (6,)
     for p in _PLACEHOLDERS.values():
         assert p.grad_fn is None and not p.requires_grad
+
+
+def test_steps_alternating_between_two_graph_sequences_encode_each_once(tmp_path: Path, monkeypatch) -> None:
+    made = []
+    real = record_json.LineTemplates.__init__
+
+    def counting(self, records):
+        made.append(len(records))
+        real(self, records)
+
+    monkeypatch.setattr(record_json.LineTemplates, "__init__", counting)
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cap = compile_backend(tmp_path / "d", inner="eager")
+    run = torch.compile(model, backend=cap)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    for i in range(6):
+        if i % 2 == 0:  # a training step: forward and backward graphs
+            run(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        else:  # an evaluation step: the forward graph alone
+            with torch.no_grad():
+                run(x)
+        cap.step()
+    cap.close()
+    assert len(made) == 2, made  # one encoding per sequence, reused on its later steps
+    assert len(list((tmp_path / "d").glob("step*/rank0/records.jsonl"))) == 6

@@ -19,6 +19,10 @@ from ..records import FORMAT_NAME, FORMAT_VERSION, op_record, tensor_entry
 from .records import NodeRecord
 
 
+#: sequences of graph runs whose pre-encoded lines are kept (steps that alternate between a few)
+_TEMPLATES_KEPT = 4
+
+
 class CompiledDump:
     """Step by step, the records of one :class:`~torchparity.compile.backend.CompileCapture`.
     The writer starts with the first step written (nothing is created before)."""
@@ -29,7 +33,8 @@ class CompiledDump:
         self.compile_header = compile_header
         self._writer: Any = None
         self._rank = 0
-        self._tpl: tuple[Any, ...] | None = None  # (key, LineTemplates or None, stacks) of the last steps
+        #: ids of a step's graph runs' record lists -> (those lists, LineTemplates or None, stacks)
+        self._tpl: dict[tuple[int, ...], tuple[Any, ...]] = {}
 
     def _open(self) -> Any:
         from .. import __version__
@@ -51,16 +56,21 @@ class CompiledDump:
 
         ``key``: what identifies ``captured`` from step to step (the graph runs' record lists, in
         order; None when this step's records may differ from the last's, e.g. symbolic shapes).
-        A step whose key is the last one's repeats its records but for the step and the
+        A step whose key is one of the last few steps' (a training step and an evaluation step
+        alternating: :data:`_TEMPLATES_KEPT`) repeats its records but for the step and the
         statistics: the writer then gets pre-encoded lines (:class:`~..dump.record_json.LineTemplates`)
         instead of record objects, built once per key. Not with Parquet summaries written while
         training (``summaries`` step or close), which collect record objects."""
         writer = self._writer or self._open()
         rank = self._rank
         if key is not None and self.summaries == "off":
-            if self._tpl is None or len(self._tpl[0]) != len(key) or any(a is not b for a, b in zip(self._tpl[0], key)):
-                self._tpl = (key, *self._templates(step, captured, rank))
-            lines, stacks = self._tpl[1], self._tpl[2]
+            ids = tuple(map(id, key))  # unique while the cache holds the lists themselves
+            hit = self._tpl.get(ids)
+            if hit is None:
+                if len(self._tpl) >= _TEMPLATES_KEPT:  # the oldest sequence goes
+                    del self._tpl[next(iter(self._tpl))]
+                hit = self._tpl[ids] = (key, *self._templates(step, captured, rank))
+            lines, stacks = hit[1], hit[2]
             if lines is not None:
                 if stacks:
                     writer.add_stacks(step, rank, stacks)
@@ -122,4 +132,4 @@ class CompiledDump:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        self._tpl = None  # its lines spell this rank
+        self._tpl = {}  # their lines spell this rank
