@@ -189,3 +189,23 @@ def test_a_value_pyarrow_refuses_is_a_one_line_error(tmp_path: Path) -> None:
     assert rc == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1
     assert "could not be summarized" in err
 
+
+def test_compact_with_two_workers_writes_what_one_writes(tmp_path: Path) -> None:
+    import shutil
+
+    from torchparity.dump import columnar
+    from torchparity.dump.compact import compact
+
+    one = _synth(tmp_path / "one", steps=2, ranks=2)
+    two = tmp_path / "two"
+    shutil.copytree(one, two)
+    r1, r2 = compact(one, workers=1), compact(two, workers=2)
+    assert sorted(r1.written) == sorted(r2.written) == [f"step{s}/rank{r}" for s in range(2) for r in range(2)]
+    assert r1.records == r2.records == 20 and r2.failed == []
+    for t in columnar.TABLES:
+        for s in range(2):
+            for r in range(2):
+                a = columnar.part_path(one, t, s, r).read_bytes()
+                b = columnar.part_path(two, t, s, r).read_bytes()
+                assert a == b, (t, s, r)
+

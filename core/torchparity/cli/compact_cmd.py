@@ -10,7 +10,10 @@ from . import EXIT_OK
 @click.command("compact")
 @click.argument("dump", type=click.Path(exists=False))
 @click.option("--force", is_flag=True, help="Rewrite summaries that are already up to date.")
-def compact(dump: str, force: bool) -> None:
+@click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
+              help="Processes writing step/ranks side by side (default: one per core, at most 8, when the "
+                   "records to summarize pass 64 MB; else 1).")
+def compact(dump: str, force: bool, workers: int | None) -> None:
     """Write DUMP's columnar summaries (DUMP/summary/{ops,tensors,modules}/step=S/rank=R/part.parquet)
     for every step and rank that lacks a current one, so that `torchparity query` can read them
     and the compare reads statistics without parsing records.jsonl. Idempotent; records.jsonl is
@@ -23,7 +26,7 @@ def compact(dump: str, force: bool) -> None:
     """
     from ..dump.compact import compact as run_compact
 
-    rep = run_compact(dump, force=force)
+    rep = run_compact(dump, force=force, workers=workers)
     rate = f", {rep.records / rep.seconds:,.0f} records/s" if rep.records and rep.seconds > 0 else ""
     click.echo(f"{rep.path}: summaries written for {len(rep.written)} step/rank(s) ({rep.records} records, "
                f"{rep.seconds:.2f} s{rate}), {len(rep.up_to_date)} already up to date")
