@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import DumpError, TorchparityError, UsageError
 from ..results import CompareResult, Suspect
+from ..workers import automatic_workers_allowed
 from . import compiled, integrity, loss_scale, matching, rootcause
 from .suspects import rank_suspects
 from .judge import judge
@@ -66,7 +67,8 @@ def compare(
     :param threshold: amplification at which an op becomes a suspect (default 10).
     :param tolerance_dtype: judge noise as if the device computed in this dtype (e.g.
         ``"bfloat16"`` for an emulated-bf16 run whose tensors are stored as float32).
-    :param workers: worker processes for multi-step/rank dumps (default: automatic).
+    :param workers: worker processes for multi-step/rank dumps (default: automatic, and from a
+        script only when asked: :mod:`torchparity.workers`).
     :param allow_partial: compare what can be read of a truncated/corrupt dump (default: refuse
         it with a :class:`DumpError` that says what was read and what was lost).
     :param replay: tensor mode: replay up to this many suspect ops alone on their recorded device
@@ -278,7 +280,8 @@ def _run_jobs(jobs: list[tuple[Any, ...]], workers: int | None, dev: Any, ben: A
     if workers is None:
         size = sum((u.path / "records.jsonl").stat().st_size if (u.path / "records.jsonl").is_file() else
                    ((u.path / "dump.json").stat().st_size if (u.path / "dump.json").is_file() else 0) for u in dev.units)
-        workers = min(n, os.cpu_count() or 1) if n > 1 and size > PARALLEL_MIN_ROWS * 300 else 1
+        workers = min(n, os.cpu_count() or 1) if n > 1 and size > PARALLEL_MIN_ROWS * 300 \
+            and automatic_workers_allowed() else 1
     if workers <= 1 or n <= 1:
         return [_compare_pair_safe(j) for j in jobs]
     import multiprocessing as mp

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import TorchparityError, UsageError
+from ..workers import automatic_workers_allowed
 from . import job_report
 from .job_report import JobResult
 from .shards import ShardOptions, ShardPlan, ShardResult, assign, compare_shard, plan_shards
@@ -158,7 +159,8 @@ def compare_job(device_dump: str | os.PathLike[str], bench_dump: str | os.PathLi
     """Compare a multi-rank, multi-step job shard by shard and return one :class:`JobResult`.
 
     :param workers: local pool size when no launcher started this process (default: CPU count,
-        at most one per shard); ignored under a launcher (one worker per launched process).
+        at most one per shard; one from a script without the ``__main__`` guard:
+        :mod:`torchparity.workers`); ignored under a launcher (one worker per launched process).
     :param launcher: True: detect torchrun/srun from the environment; False: always a local pool;
         or a :func:`launcher_env` dict.
     :param formats: with ``output_dir``, also the detailed reports (these reporters) of the shard
@@ -197,8 +199,8 @@ def _merge(plan: ShardPlan, results: list[ShardResult], t0: float) -> JobResult:
 def _local(plan: ShardPlan, opts: ShardOptions, workers: int | None) -> list[ShardResult]:
     """Compare the plan's shards here (one worker) or in a spawned pool, one shard per task, largest first."""
     n = len(plan.shards)
-    if workers is None:
-        workers = max(1, min(os.cpu_count() or 1, n))
+    if workers is None:  # from a script without the __main__ guard: one process (torchparity.workers)
+        workers = max(1, min(os.cpu_count() or 1, n)) if automatic_workers_allowed() else 1
     order = [(s, r) for s, r, _ in sorted(plan.shards, key=lambda x: (-x[2], x[0], x[1]))]
     if workers <= 1 or n <= 1:
         return [compare_shard(plan.device_dump, plan.bench_dump, s, r, opts) for s, r in order]

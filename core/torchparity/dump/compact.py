@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Collection
 
 from ..errors import DumpError
+from ..workers import automatic_workers_allowed
 from . import columnar
 
 _PART_RE = re.compile(r"^step=(\d+)$")
@@ -61,7 +62,8 @@ def compact(path: str | Path, force: bool = False, finished_only: bool = False,
         killed writer is then skipped (another process may be writing them right now).
     :param workers: processes writing units side by side (each unit is independent); None: one
         per core (at most 8) when the units to write hold more than :data:`PARALLEL_MIN_BYTES`
-        of records.jsonl, else 1.
+        of records.jsonl and the main module is safe to import again in a worker
+        (:func:`torchparity.workers.automatic_workers_allowed`), else 1.
     :raises DumpError: ``path`` holds no dump, is not a dump root, or pyarrow is missing.
     """
     from .reader import open_dump
@@ -141,7 +143,8 @@ def _run(jobs: list[tuple[Path, Any]], workers: int | None) -> list[tuple[str | 
                 size += (u.path / "records.jsonl").stat().st_size
             except OSError:
                 pass
-        workers = min(n, os.cpu_count() or 1, 8) if n > 1 and size > PARALLEL_MIN_BYTES else 1
+        workers = min(n, os.cpu_count() or 1, 8) if n > 1 and size > PARALLEL_MIN_BYTES \
+            and automatic_workers_allowed() else 1
     if workers <= 1 or n <= 1:
         return [_write_one(j) for j in jobs]
     import multiprocessing as mp
