@@ -47,15 +47,21 @@ def _lines(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.glob("step*/rank*/*.jsonl"))}
 
 
-def test_pre_encoded_steps_are_the_bytes_record_objects_give(tmp_path: Path, monkeypatch) -> None:
-    made = []
+@pytest.fixture
+def made(monkeypatch) -> list[int]:
+    """The record counts of each LineTemplates made (a spy on its constructor)."""
+    sizes: list[int] = []
     real = record_json.LineTemplates.__init__
 
     def counting(self, records):
-        made.append(len(records))
+        sizes.append(len(records))
         real(self, records)
 
     monkeypatch.setattr(record_json.LineTemplates, "__init__", counting)
+    return sizes
+
+
+def test_pre_encoded_steps_are_the_bytes_record_objects_give(tmp_path: Path, monkeypatch, made) -> None:
     _run(tmp_path / "templates")
     assert made, "the repeated steps did not take the pre-encoded lines"
 
@@ -147,15 +153,7 @@ def test_the_placeholder_of_a_batched_value_never_carries_autograd_history() -> 
         assert p.grad_fn is None and not p.requires_grad
 
 
-def test_steps_alternating_between_two_graph_sequences_encode_each_once(tmp_path: Path, monkeypatch) -> None:
-    made = []
-    real = record_json.LineTemplates.__init__
-
-    def counting(self, records):
-        made.append(len(records))
-        real(self, records)
-
-    monkeypatch.setattr(record_json.LineTemplates, "__init__", counting)
+def test_steps_alternating_between_two_graph_sequences_encode_each_once(tmp_path: Path, made) -> None:
     torch.manual_seed(0)
     model = Small()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
