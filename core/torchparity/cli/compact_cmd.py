@@ -15,9 +15,10 @@ from . import EXIT_OK
                    "records to summarize pass 64 MB; else 1).")
 def compact(dump: str, force: bool, workers: int | None) -> None:
     """Write DUMP's columnar summaries (DUMP/summary/{ops,tensors,modules}/step=S/rank=R/part.parquet)
-    for every step and rank that lacks a current one, so that `torchparity query` can read them
-    and the compare reads statistics without parsing records.jsonl. Idempotent; records.jsonl is
-    left as it is (it stays the source of truth).
+    for every step and rank that lacks a current one. `torchparity query` writes missing ones
+    itself; compact does it ahead of time (in parallel for a big job, and for step/ranks whose
+    process was killed), so that every later query and compare reads them instead of parsing
+    records.jsonl. Idempotent; records.jsonl is left as it is (it stays the source of truth).
 
     \b
     Examples:
