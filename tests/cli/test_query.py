@@ -72,6 +72,8 @@ def test_query_writes_missing_summaries_first_and_leaves_out_unfinished_units(tm
     assert rc == 0, err
     assert out.splitlines() == ["step,rank,n"] + [f"{s},{r},5" for s in range(2) for r in range(3) if (s, r) != (1, 2)]
     assert "wrote the Parquet summaries of 5 step/rank(s)" in caplog.text
+    footer = json.loads((root / "step0" / "rank0" / "footer.json").read_text())
+    assert footer["summary"] is True and "summary_error" not in footer and footer["complete"] is True
     assert "1 step/rank directory without a current summary (step1/rank2)" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="torchparity"):  # the second query writes nothing

@@ -9,6 +9,7 @@ says what was skipped.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -104,6 +105,7 @@ def compact(path: str | Path, force: bool = False, finished_only: bool = False,
         rep.written.append(rel)
         rep.records += scanned
         rep.skipped += warnings
+        _mark_footer(u.path / "footer.json")
     if only is not None:
         rep.seconds = time.perf_counter() - t0
         return rep
@@ -153,4 +155,20 @@ def _run(jobs: list[tuple[Path, Any]], workers: int | None) -> list[tuple[str | 
     # spawn, not fork: the caller may be a process with threads (a training job's, torch's)
     with ProcessPoolExecutor(max_workers=min(workers, n), mp_context=mp.get_context("spawn")) as ex:
         return list(ex.map(_write_one, jobs, chunksize=max(1, n // (4 * workers))))
+
+
+def _mark_footer(path: Path) -> None:
+    """A finished unit's ``footer.json`` says its summary is there now (it said
+    ``summaries='off'`` or why the writer could not write one). Best effort: the summary's own
+    metadata and digest are what the readers trust."""
+    from .writer import _atomic_write_json
+
+    try:
+        footer = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(footer, dict) and footer.get("summary") is not True:
+            footer["summary"] = True
+            footer.pop("summary_error", None)
+            _atomic_write_json(path, footer)
+    except (OSError, ValueError):  # no footer (a killed process), or one the reader reports anyway
+        pass
 
