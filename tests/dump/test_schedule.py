@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import torchparity
 from torchparity.errors import DumpError, UsageError
@@ -174,3 +175,74 @@ def test_msprobe_stop_pauses_module_records_too(tmp_path: Path, monkeypatch: pyt
     debugger.step()
     debugger.start(); model(x); debugger.stop(); debugger.close()
     assert len(_records(tmp_path / "d", 0)) == len(_records(tmp_path / "d", 1)) > 0
+
+
+# ---- between full steps the op stream leaves the dispatch-mode stack (capture/op_stream.py pause) ----
+
+
+def _intercepting_per_step(out: Path, n: int, **opts) -> list[bool]:
+    """Whether the op stream intercepted ops during each step's forward (read in a forward hook)."""
+    from torchparity.capture.op_stream import op_stream
+
+    model, batches = make_model(cfg=CFG), make_batches(n, cfg=CFG)
+    seen: list[bool] = []
+    model.register_forward_pre_hook(lambda m, a: seen.append(op_stream().intercepting))
+    with torchparity.dump(str(out), model=model, fsync=False, **opts):
+        train(model, batches)
+    return seen
+
+
+def test_between_full_steps_no_op_is_intercepted(tmp_path: Path) -> None:
+    assert _intercepting_per_step(tmp_path / "a", 7, level="aten", every=3, light="module") == \
+        [s in (0, 3, 6) for s in range(7)]
+    assert _intercepting_per_step(tmp_path / "b", 4, level="aten", steps=[2]) == [False, False, True, False]
+    # every step full: never paused
+    assert _intercepting_per_step(tmp_path / "c", 3, level="aten") == [True, True, True]
+
+
+def test_full_steps_record_the_same_after_a_gap(tmp_path: Path, monkeypatch) -> None:
+    """The records of the full steps are the same whether the gaps between them intercept ops or
+    not (nothing measured before a gap is reused after it)."""
+    from torchparity.capture.op_stream import OpStream
+
+    _run(tmp_path / "paused", n=5, level="aten", every=2, light="module")
+    monkeypatch.setattr(OpStream, "pause", lambda self, consumer: None)  # the gaps intercept, as before
+    _run(tmp_path / "seen", n=5, level="aten", every=2, light="module")
+    for step in range(5):
+        assert _records(tmp_path / "paused", step) == _records(tmp_path / "seen", step), step
+
+
+def test_a_write_through_data_in_a_gap_is_measured_at_the_next_full_step(tmp_path: Path) -> None:
+    """A parameter changed through ``.data`` (no version bump of the parameter) between full
+    steps: the next full step records its new values, not the statistics remembered before."""
+    model, batches = make_model(cfg=CFG), make_batches(3, cfg=CFG)
+    w = next(model.parameters())
+    # the optimizer leaves w alone: only the write through .data changes it (no version bump)
+    opt = torch.optim.SGD([p for p in model.parameters() if p is not w], lr=0.0)
+    with torchparity.dump(str(tmp_path / "d"), model=model, fsync=False, level="aten", every=2):
+        for i, (x, y) in enumerate(batches):
+            if i == 1:  # the gap: the parameter changes where no op is intercepted
+                w.data.mul_(3.0)
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    norms = {}
+    for step in (0, 2):
+        for r in _records(tmp_path / "d", step):
+            for t in r["tensors"]:
+                if t["io"] == "input" and tuple(t.get("shape") or ()) == tuple(w.shape) and t.get("stats"):
+                    norms.setdefault(step, t["stats"]["norm"])
+    assert norms[2] == pytest.approx(3 * norms[0], rel=1e-5)
+
+
+def test_a_nan_tracker_beside_a_scheduled_dump_keeps_every_op(tmp_path: Path) -> None:
+    from torchparity.capture.op_stream import op_stream
+
+    model, batches = make_model(cfg=CFG), make_batches(3, cfg=CFG)
+    seen: list[bool] = []
+    model.register_forward_pre_hook(lambda m, a: seen.append(op_stream().intercepting))
+    with torchparity.dump(str(tmp_path / "d"), model=model, fsync=False, level="aten", every=3):
+        with torchparity.NanInfTracker(model):
+            train(model, batches)
+    assert seen == [True, True, True]

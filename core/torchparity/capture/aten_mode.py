@@ -110,14 +110,45 @@ class AtenCaptureMode(OpConsumer):
             if self._param_names is not None:
                 self._param_names.stop()
             raise
+        self._paused = False
+        if not self.collectives_only:
+            self.session.step_listeners.append(self._on_session_step)
+            self._on_session_step()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
+            if self._on_session_step in self.session.step_listeners:
+                self.session.step_listeners.remove(self._on_session_step)
             op_stream().detach(self)
         finally:
             if self._param_names is not None:
                 self._param_names.stop()
+
+    def _on_session_step(self) -> None:
+        """A step began: between full steps (light or unscheduled steps of a scheduled dump, a
+        rank not selected) this consumer needs no op, so it pauses the stream, which leaves the
+        dispatch-mode stack when no other consumer needs ops (those steps then cost what a
+        module-level dump costs, or nothing). Writes made meanwhile are not seen: measurements
+        are not reused while paused, and what was remembered (measurements, storages not yet
+        written) is forgotten when the next full step begins."""
+        s = self.session
+        if not s.enabled_step and not s.__dict__.get("_full_options", s.options).scheduled \
+                and s.__dict__.get("_full_options", s.options).ranks is None:
+            return  # not a schedule's gap (a façade paused the dump): keep seeing every op
+        if not s.enabled_step and not self._paused:
+            self._paused = True
+            s.reuse_stats = False
+            s._measured.clear()
+            s._write_gen.clear()
+            op_stream().pause(self)
+        elif s.enabled_step and self._paused:
+            self._paused = False
+            s._measured.clear()
+            s._write_gen.clear()
+            s.uninit.clear()
+            s.reuse_stats = True
+            op_stream().resume(self)
 
     def _run(self, run: Any, args: tuple, kwargs: dict, info: OpInfo) -> Any:
         """Run an unrecorded op; what it writes still invalidates statistics seen before, and

@@ -207,6 +207,8 @@ class OpStream:
         self._consumers: list[OpConsumer] = []
         self._chain: tuple[OpConsumer, ...] = ()
         self._mode: _StreamMode | None = None
+        self._entered = False  # the mode is on the dispatch-mode stack (not paused)
+        self._paused: set[int] = set()  # ids of consumers that need no op for now (pause())
         self._infos: dict[int, OpInfo] = {}
         self._keep: list[Any] = []  # overloads whose id() keys _infos
         self._counters: dict[tuple[str, str, str], int] = {}
@@ -246,6 +248,8 @@ class OpStream:
                 self._start_tracker()
             if len(self._consumers) == 1:
                 self._start()
+            else:
+                self._update_mode()  # a consumer that needs ops: the mode back on if it was paused
 
     def detach(self, consumer: OpConsumer) -> None:
         """Remove ``consumer``; the last one out leaves the mode stack (if the stream's mode is on
@@ -254,6 +258,7 @@ class OpStream:
             if consumer not in self._consumers:
                 return
             self._consumers.remove(consumer)
+            self._paused.discard(id(consumer))
             self._chain = tuple(sorted(self._consumers, key=lambda c: c.layer))
             try:
                 consumer.on_detach()
@@ -296,7 +301,9 @@ class OpStream:
                        optim_mod.register_optimizer_step_post_hook(self._on_opt_post)]
         if self._mode is None:
             self._mode = _StreamMode(self)
+        if not self._entered:
             self._mode.__enter__()
+            self._entered = True
         gc_quiet.hold()  # the collector skips the process's old heap while consumers capture
         self._compiled_guard.install()  # a compiled module would run eagerly under the mode: refuse it
 
@@ -307,12 +314,54 @@ class OpStream:
             h.remove()
         self._hooks = []
         self._roots = []
+        self._paused.clear()
         mode = self._mode
-        if mode is not None and _top_mode() is mode:
+        if mode is not None and not self._entered:  # paused: already off the stack
             self._mode = None
+        elif mode is not None and _top_mode() is mode:
+            self._mode = None
+            self._entered = False
             mode.__exit__(None, None, None)
         # else: another mode was entered after ours and is still active; ours stays below it as
         # a pass-through (no consumers) and is reused by the next attach
+
+    # ---- pausing -------------------------------------------------------------------------------
+    def pause(self, consumer: OpConsumer) -> None:
+        """``consumer`` needs no op until it calls :meth:`resume` (a scheduled dump between its
+        full steps). When every attached consumer is paused the stream leaves the dispatch-mode
+        stack, so ops run without any interception; it does so only while its mode is on top of
+        the stack (else it stays, as a pass-through). A paused consumer sees none of the ops
+        meanwhile: not their writes, not their allocations."""
+        with self._lock:
+            if consumer in self._consumers:
+                self._paused.add(id(consumer))
+                self._update_mode()
+
+    def resume(self, consumer: OpConsumer) -> None:
+        """``consumer`` needs every op again: the stream's mode goes back on the stack."""
+        with self._lock:
+            self._paused.discard(id(consumer))
+            self._update_mode()
+
+    @property
+    def intercepting(self) -> bool:
+        """Is the stream's mode on the dispatch-mode stack (ops are intercepted)?"""
+        return self._entered
+
+    def _update_mode(self) -> None:
+        mode = self._mode
+        if mode is None or not self._consumers:
+            return
+        idle = all(id(c) in self._paused for c in self._consumers)
+        if idle and self._entered and _top_mode() is mode:
+            self._entered = False
+            mode.__exit__(None, None, None)
+        elif not idle and not self._entered:
+            # writes made while paused were not seen: generations start again (no consumer that
+            # reads them was attached: they all were paused)
+            self._write_gen.clear()
+            mode.__enter__()
+            self._entered = True
 
     def _start_tracker(self) -> None:
         t = ModuleTracker()

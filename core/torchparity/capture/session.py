@@ -11,7 +11,7 @@ across runs of the same script.
 from __future__ import annotations
 
 import threading
-from typing import Any, Collection, Iterable
+from typing import Any, Callable, Collection, Iterable
 from weakref import ref as _weakref
 
 import torch
@@ -110,6 +110,9 @@ class CaptureSession(MeasurementReuse):
         self._measured = TensorMemo()
         self._write_gen: dict[int, int] = {}
         self.uninit = UninitStorages()  # storages made by empty* and not written yet (aten level)
+        #: called after each step boundary, once the new step's tier is decided (the aten-level
+        #: consumer pauses the op stream between its full steps)
+        self.step_listeners: list[Callable[[], None]] = []
         self._pending: list[OpRecord] = []
         # one per entry of _pending_slots: a host row (list) or a row of the batcher (RowRef)
         self._pending_stats: list[list[float] | RowRef] = []
@@ -199,6 +202,8 @@ class CaptureSession(MeasurementReuse):
                 self._stacks.reset()
             self._rank = current_rank()
             self.enabled_step = self._step_enabled()
+        for listener in list(self.step_listeners):  # outside the lock: a listener may re-enter a mode
+            listener()
 
     # ---- naming ----------------------------------------------------------------------------
     def phase(self) -> str:
