@@ -246,3 +246,70 @@ def test_a_nan_tracker_beside_a_scheduled_dump_keeps_every_op(tmp_path: Path) ->
         with torchparity.NanInfTracker(model):
             train(model, batches)
     assert seen == [True, True, True]
+
+
+def test_a_user_dispatch_mode_around_each_iteration_leaves_full_steps_and_the_stack_intact(tmp_path: Path) -> None:
+    """A mode the user enters around every iteration (a flop counter, a profiler) while the dump
+    pauses between full steps: the full steps are recorded, the mode stack unwinds in order, and
+    the stream works for a later tool."""
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+    from torchparity.capture.op_stream import op_stream
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    model, batches = make_model(cfg=CFG), make_batches(4, cfg=CFG)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torchparity.dump(str(tmp_path / "d"), model=model, fsync=False, level="aten", steps=[1, 3]):
+        for x, y in batches:
+            with Counting():
+                F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+                opt.step()
+                opt.zero_grad()
+    assert sorted(p.name for p in (tmp_path / "d").glob("step*")) == ["step1", "step3"]
+    assert {r["level"] for r in _records(tmp_path / "d", 3)} == {"aten"}
+    assert _get_current_dispatch_mode_stack() == []
+    with torchparity.NanInfTracker(model):
+        before = op_stream().intercepted
+        model(batches[0][0])
+        assert op_stream().intercepted > before
+
+
+def test_a_buffer_written_in_a_gap_is_measured_in_the_light_steps(tmp_path: Path) -> None:
+    """A storage made by ``empty`` in a full step and filled in a gap (unseen): the light steps'
+    module records measure it (no stale 'uninitialised' mark)."""
+
+    class Cache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.buf = None
+
+        def forward(self, x):
+            if self.buf is None:
+                self.buf = torch.empty(8)
+            return self.buf
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.cache = torch.nn.Linear(4, 4), Cache()
+
+        def forward(self, x):
+            return self.lin(x).sum() + self.cache(x).sum().detach() * 0
+
+    m = M()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with torchparity.dump(str(tmp_path / "d"), model=m, fsync=False, level="aten", every=3, light="module"):
+        for i in range(3):
+            if i == 1:
+                m.cache.buf.data.fill_(1.0)
+            m(torch.ones(2, 4)).backward()
+            opt.step()
+            opt.zero_grad()
+    for step in (1, 2):
+        out = [t for r in _records(tmp_path / "d", step) if r["name"].startswith("Module.cache")
+               for t in r["tensors"] if t["io"] == "output"]
+        assert out and out[0].get("stats") and out[0]["stats"]["max"] == 1.0, (step, out)

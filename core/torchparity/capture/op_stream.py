@@ -183,7 +183,10 @@ class _StreamMode(TorchDispatchMode):
         self.stream = stream
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        return self.stream._dispatch(func, args, kwargs or {})
+        stream = self.stream
+        if stream._all_paused:  # every consumer paused (OpStream.pause): the kernel, nothing else
+            return func(*args, **(kwargs or {}))
+        return stream._dispatch(func, args, kwargs or {})
 
     # Code written for the time when the emulated device was a dispatch mode of its own looks for
     # ``torchparity_emulated`` on the mode stack: the stream's mode answers for its consumers.
@@ -207,8 +210,11 @@ class OpStream:
         self._consumers: list[OpConsumer] = []
         self._chain: tuple[OpConsumer, ...] = ()
         self._mode: _StreamMode | None = None
-        self._entered = False  # the mode is on the dispatch-mode stack (not paused)
         self._paused: set[int] = set()  # ids of consumers that need no op for now (pause())
+        self._all_paused = False  # every attached consumer is paused: ops pass straight through
+        self._off = False  # paused off the dispatch-mode stack (it was on top when all paused)
+        self._left: list[Any] = []  # the stack as the mode left it (what it goes back on top of)
+        self._raw = False  # put back under modes entered meanwhile, by the stack's own push (see _back)
         self._infos: dict[int, OpInfo] = {}
         self._keep: list[Any] = []  # overloads whose id() keys _infos
         self._counters: dict[tuple[str, str, str], int] = {}
@@ -246,10 +252,9 @@ class OpStream:
                     self.tracker.add_root(model)
             if consumer.needs_modules and self.tracker is None:
                 self._start_tracker()
+            self._refresh_paused()  # a consumer that needs ops: ops go to the chain again
             if len(self._consumers) == 1:
                 self._start()
-            else:
-                self._update_mode()  # a consumer that needs ops: the mode back on if it was paused
 
     def detach(self, consumer: OpConsumer) -> None:
         """Remove ``consumer``; the last one out leaves the mode stack (if the stream's mode is on
@@ -260,6 +265,7 @@ class OpStream:
             self._consumers.remove(consumer)
             self._paused.discard(id(consumer))
             self._chain = tuple(sorted(self._consumers, key=lambda c: c.layer))
+            self._refresh_paused()
             try:
                 consumer.on_detach()
             finally:
@@ -301,9 +307,10 @@ class OpStream:
                        optim_mod.register_optimizer_step_post_hook(self._on_opt_post)]
         if self._mode is None:
             self._mode = _StreamMode(self)
-        if not self._entered:
             self._mode.__enter__()
-            self._entered = True
+            self._off = self._raw = False
+        elif self._off:  # a paused stream, left off the stack, restarted
+            self._back()
         gc_quiet.hold()  # the collector skips the process's old heap while consumers capture
         self._compiled_guard.install()  # a compiled module would run eagerly under the mode: refuse it
 
@@ -315,53 +322,85 @@ class OpStream:
         self._hooks = []
         self._roots = []
         self._paused.clear()
+        self._all_paused = False
         mode = self._mode
-        if mode is not None and not self._entered:  # paused: already off the stack
+        if mode is not None and self._off:  # paused: already off the stack
             self._mode = None
+            self._off = False
         elif mode is not None and _top_mode() is mode:
             self._mode = None
-            self._entered = False
-            mode.__exit__(None, None, None)
+            self._leave_stack(mode)
         # else: another mode was entered after ours and is still active; ours stays below it as
         # a pass-through (no consumers) and is reused by the next attach
 
     # ---- pausing -------------------------------------------------------------------------------
     def pause(self, consumer: OpConsumer) -> None:
         """``consumer`` needs no op until it calls :meth:`resume` (a scheduled dump between its
-        full steps). When every attached consumer is paused the stream leaves the dispatch-mode
-        stack, so ops run without any interception; it does so only while its mode is on top of
-        the stack (else it stays, as a pass-through). A paused consumer sees none of the ops
+        full steps). While every attached consumer is paused the stream's mode leaves the
+        dispatch-mode stack when it is on top of it (ops run without any interception), else it
+        stays and hands each op straight to its kernel. It goes back where it was when a
+        consumer resumes or attaches (:meth:`_back`). A paused consumer sees none of the ops
         meanwhile: not their writes, not their allocations."""
         with self._lock:
             if consumer in self._consumers:
                 self._paused.add(id(consumer))
-                self._update_mode()
+                self._refresh_paused()
 
     def resume(self, consumer: OpConsumer) -> None:
-        """``consumer`` needs every op again: the stream's mode goes back on the stack."""
+        """``consumer`` needs every op again."""
         with self._lock:
             self._paused.discard(id(consumer))
-            self._update_mode()
+            self._refresh_paused()
 
     @property
     def intercepting(self) -> bool:
-        """Is the stream's mode on the dispatch-mode stack (ops are intercepted)?"""
-        return self._entered
+        """Are ops handed to the consumers (the mode is on the stack and not every consumer is
+        paused)?"""
+        return self._mode is not None and not self._off and bool(self._consumers) and not self._all_paused
 
-    def _update_mode(self) -> None:
+    def _refresh_paused(self) -> None:
+        self._all_paused = bool(self._consumers) and all(id(c) in self._paused for c in self._consumers)
         mode = self._mode
-        if mode is None or not self._consumers:
+        if mode is None or not self._consumers:  # the last one out: _stop() takes the mode off
             return
-        idle = all(id(c) in self._paused for c in self._consumers)
-        if idle and self._entered and _top_mode() is mode:
-            self._entered = False
+        if self._all_paused and not self._off and _top_mode() is mode:
+            self._leave_stack(mode)
+            self._off = True
+            self._left = _mode_stack()
+        elif not self._all_paused and self._off:
+            self._back()
+
+    def _leave_stack(self, mode: "_StreamMode") -> None:
+        if self._raw:  # put back by the stack's own push: taken off the same way
+            from torch.utils._python_dispatch import _pop_mode
+
+            _pop_mode()
+            self._raw = False
+        else:
             mode.__exit__(None, None, None)
-        elif not idle and not self._entered:
-            # writes made while paused were not seen: generations start again (no consumer that
-            # reads them was attached: they all were paused)
-            self._write_gen.clear()
-            mode.__enter__()
-            self._entered = True
+
+    def _back(self) -> None:
+        """Put the mode back where it left the stack. Modes the user entered meanwhile and has
+        not exited yet stay above it: they are taken off and pushed back by the stack's own
+        functions (their ``__enter__``/``__exit__`` never run), so each one's ``with`` still
+        unwinds it from the top."""
+        mode = self._mode
+        assert mode is not None
+        now = _mode_stack()
+        self._off = False
+        if len(now) == len(self._left) and all(a is b for a, b in zip(now, self._left)):
+            mode.__enter__()  # the stack is as the mode left it: back on top, the ordinary way
+            return
+        from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+        keep = 0
+        while keep < min(len(now), len(self._left)) and now[keep] is self._left[keep]:
+            keep += 1
+        above = [_pop_mode() for _ in range(len(now) - keep)]  # top first
+        _push_mode(mode)
+        for m in reversed(above):
+            _push_mode(m)
+        self._raw = True
 
     def _start_tracker(self) -> None:
         t = ModuleTracker()
@@ -507,6 +546,15 @@ def written_tensors(args: tuple, kwargs: dict, writes: tuple[tuple[int, str, boo
 def is_stream_mode(mode: Any) -> bool:
     """Is ``mode`` (an entry of the dispatch-mode stack) the op stream's own mode?"""
     return isinstance(mode, _StreamMode)
+
+
+def _mode_stack() -> list[Any]:
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        return list(_get_current_dispatch_mode_stack())
+    except Exception:  # pragma: no cover - private API moved
+        return []
 
 
 def _top_mode() -> Any:
