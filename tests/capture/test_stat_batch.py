@@ -19,19 +19,11 @@ from torchparity.capture.stat_batch import StatBatcher
 from torchparity.capture.stats import host_stats
 from torchparity.errors import UsageError
 
+from tests.capture.rows import assert_stats_close as _close
+
 _SPECIALS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e20, -3e37, 1e-30, 65504.0]
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
            torch.uint8, torch.bool]
-
-
-def _close(got: list[float], want: list[float]) -> None:
-    assert len(got) == len(want) == 6
-    for i, (g, w) in enumerate(zip(got, want)):
-        if math.isnan(w) or math.isinf(w):
-            assert (math.isnan(g) and math.isnan(w)) or g == w, (i, got, want)
-        else:
-            assert g == pytest.approx(w, rel=2e-5, abs=1e-30 + 2e-5 * abs(want[3])), (i, got, want)
-    assert got[4] == want[4] and got[5] == want[5]  # counts are exact
 
 
 @st.composite

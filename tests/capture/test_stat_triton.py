@@ -8,7 +8,6 @@ value then is tested by test_stat_batch.py either way."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.capture.rows import assert_stats_close as _close
 import torch
 
 triton = pytest.importorskip("triton")
@@ -39,16 +40,6 @@ def cases(request: pytest.FixtureRequest) -> dict[str, Any]:
     assert p.returncode == 0, p.stderr[-3000:]
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     return out
-
-
-def _close(got: list[float], want: list[float]) -> None:
-    assert len(got) == len(want) == 6
-    for i, (g, w) in enumerate(zip(got, want)):
-        if math.isnan(w) or math.isinf(w):
-            assert (math.isnan(g) and math.isnan(w)) or g == w, (i, got, want)
-        else:
-            assert g == pytest.approx(w, rel=2e-5, abs=1e-30 + 2e-5 * abs(want[3])), (i, got, want)
-    assert got[4] == want[4] and got[5] == want[5]  # counts are exact
 
 
 def _all_close(case: dict[str, Any]) -> None:
