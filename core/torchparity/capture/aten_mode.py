@@ -129,25 +129,22 @@ class AtenCaptureMode(OpConsumer):
         """A step began: between full steps (light or unscheduled steps of a scheduled dump, a
         rank not selected) this consumer needs no op, so it pauses the stream, whose mode then
         hands ops straight to their kernels when no other consumer needs them (those steps cost
-        what a module-level dump costs, or little more than an empty dispatch mode). Writes and
-        allocations made meanwhile are not seen: while paused no measurement is reused and no
-        storage is taken for unwritten (as in a module-level dump), and what was remembered is
-        forgotten when the next full step begins."""
+        what a module-level dump costs, or nothing). Writes and allocations made meanwhile are
+        not seen, so what was remembered (measurements, write generations, storages not yet
+        written) is forgotten when it pauses, and nothing is remembered until it resumes (as in a
+        module-level dump). The schedule decides (``session.tier``); a façade pausing a full
+        step (``enabled_step``) keeps every op seen."""
         s = self.session
-        full = s.__dict__.get("_full_options", s.options)
-        if not s.enabled_step and not full.scheduled and full.ranks is None:
-            return  # not a schedule's gap (a façade paused the dump): keep seeing every op
-        if not s.enabled_step and not self._paused:
+        full = s.tier == "full"  # the schedule's decision, not a façade's pause (enabled_step)
+        if not full and not self._paused:
             self._paused = True
-            s.reuse_stats = False
+            s.reuse_stats = False  # nothing is remembered until the next full step
             s._measured.clear()
             s._write_gen.clear()
             s.uninit.clear()  # storages marked now may be written or freed unseen in the gap
             op_stream().pause(self)
-        elif s.enabled_step and self._paused:
+        elif full and self._paused:
             self._paused = False
-            s._measured.clear()  # (nothing is remembered while paused: kept for clarity)
-            s._write_gen.clear()
             s.reuse_stats = True
             op_stream().resume(self)
 

@@ -169,6 +169,7 @@ class CaptureSession(MeasurementReuse):
         :attr:`options` (the light tier's options on a light step: module level, statistics)."""
         full = self.__dict__.setdefault("_full_options", self.options)  # the options as given
         tier = full.tier(self.step) if full.ranks is None or self._rank in full.ranks else None
+        self.tier = tier  # the schedule's decision (a façade may still pause a full step: enabled_step)
         self.light_step = tier == "light"
         self.options = full.light_options() if self.light_step else full
         self._full_modules = "module" in full.levels
