@@ -17,6 +17,7 @@ import ast
 import functools
 import sys
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 
 def automatic_workers_allowed() -> bool:
@@ -46,3 +47,17 @@ def _guarded(path: str) -> bool:
             if names == ["__name__"] and consts == ["__main__"]:
                 return True
     return False
+
+
+def map_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, chunksize: int = 1) -> list[Any]:
+    """``[fn(job) for job in jobs]``, in this process (``workers <= 1``) or in a pool of spawned
+    processes (spawn, not fork: the caller may have threads, a training job's or torch's), results
+    in the order of ``jobs``. ``fn`` must be a module-level function, ``jobs`` picklable."""
+    n = len(jobs)
+    if workers <= 1 or n <= 1:
+        return [fn(j) for j in jobs]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(workers, n), mp_context=mp.get_context("spawn")) as ex:
+        return list(ex.map(fn, jobs, chunksize=chunksize))

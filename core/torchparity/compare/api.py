@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import DumpError, TorchparityError, UsageError
 from ..results import CompareResult, Suspect
-from ..workers import automatic_workers_allowed
+from ..workers import automatic_workers_allowed, map_jobs
 from . import compiled, integrity, loss_scale, matching, rootcause
 from .suspects import rank_suspects
 from .judge import judge
@@ -282,14 +282,7 @@ def _run_jobs(jobs: list[tuple[Any, ...]], workers: int | None, dev: Any, ben: A
                    ((u.path / "dump.json").stat().st_size if (u.path / "dump.json").is_file() else 0) for u in dev.units)
         workers = min(n, os.cpu_count() or 1) if n > 1 and size > PARALLEL_MIN_ROWS * 300 \
             and automatic_workers_allowed() else 1
-    if workers <= 1 or n <= 1:
-        return [_compare_pair_safe(j) for j in jobs]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, n), mp_context=ctx) as ex:
-        return list(ex.map(_compare_pair_safe, jobs))
+    return map_jobs(_compare_pair_safe, jobs, workers)
 
 
 def _compare_pair_safe(job: tuple[Any, ...]) -> Any:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import TorchparityError, UsageError
-from ..workers import automatic_workers_allowed
+from ..workers import automatic_workers_allowed, map_jobs
 from . import job_report
 from .job_report import JobResult
 from .shards import ShardOptions, ShardPlan, ShardResult, assign, compare_shard, plan_shards
@@ -201,15 +201,13 @@ def _local(plan: ShardPlan, opts: ShardOptions, workers: int | None) -> list[Sha
     n = len(plan.shards)
     if workers is None:  # from a script without the __main__ guard: one process (torchparity.workers)
         workers = max(1, min(os.cpu_count() or 1, n)) if automatic_workers_allowed() else 1
-    order = [(s, r) for s, r, _ in sorted(plan.shards, key=lambda x: (-x[2], x[0], x[1]))]
-    if workers <= 1 or n <= 1:
-        return [compare_shard(plan.device_dump, plan.bench_dump, s, r, opts) for s, r in order]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    jobs = [(plan.device_dump, plan.bench_dump, s, r, opts)
+            for s, r, _ in sorted(plan.shards, key=lambda x: (-x[2], x[0], x[1]))]
+    return map_jobs(_compare_shard_job, jobs, workers)
 
-    with ProcessPoolExecutor(max_workers=min(workers, n), mp_context=mp.get_context("spawn")) as ex:
-        futs = [ex.submit(compare_shard, plan.device_dump, plan.bench_dump, s, r, opts) for s, r in order]
-        return [f.result() for f in futs]
+
+def _compare_shard_job(job: tuple[Any, ...]) -> ShardResult:
+    return compare_shard(*job)
 
 
 def _distributed(env: dict[str, Any], dev: str, ben: str, step: int | None, rank: int | None,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Collection
 
 from ..errors import DumpError
-from ..workers import automatic_workers_allowed
+from ..workers import automatic_workers_allowed, map_jobs
 from . import columnar
 
 _PART_RE = re.compile(r"^step=(\d+)$")
@@ -147,14 +147,7 @@ def _run(jobs: list[tuple[Path, Any]], workers: int | None) -> list[tuple[str | 
                 pass
         workers = min(n, os.cpu_count() or 1, 8) if n > 1 and size > PARALLEL_MIN_BYTES \
             and automatic_workers_allowed() else 1
-    if workers <= 1 or n <= 1:
-        return [_write_one(j) for j in jobs]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    # spawn, not fork: the caller may be a process with threads (a training job's, torch's)
-    with ProcessPoolExecutor(max_workers=min(workers, n), mp_context=mp.get_context("spawn")) as ex:
-        return list(ex.map(_write_one, jobs, chunksize=max(1, n // (4 * workers))))
+    return map_jobs(_write_one, jobs, workers, chunksize=max(1, n // (4 * max(workers, 1))))
 
 
 def _mark_footer(path: Path) -> None:
