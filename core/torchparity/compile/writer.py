@@ -78,8 +78,8 @@ class CompiledDump:
                 writer.end_step(step)
                 return lines.n
         records, slots, stacks = self._records(step, captured, rank)
-        for sid, frames in stacks:
-            writer.add_stack(step, rank, sid, frames)
+        if stacks:
+            writer.add_stacks(step, rank, stacks)
         writer.submit(Batch(step, rank, records, slots, stats))
         # no flush: the writer thread writes the step while training goes on (waiting for it here
         # cost ~16 ms of a 16 ms step); close() writes what is queued
