@@ -30,13 +30,26 @@ _MAX_NODES = 20000  # bound on the walk through one call's subgraph
 _probe: torch.Tensor | None = None
 
 
+#: the per-thread counter itself, read without making a node (torch's profiler binding of
+#: ``at::sequence_number::peek``: 0.02 us against ~2 us for a probe node); None where absent
+_peek_sequence_nr: Any = getattr(getattr(torch._C, "_autograd", None), "_get_sequence_nr", None)
+
+
 def next_sequence_nr() -> int:
     """The autograd sequence number of the next node created on this thread.
 
-    Creates one throw-away node to read the per-thread counter. Nodes created afterwards have
-    larger numbers; the engine only compares sequence numbers with each other, so shifting them
-    all by one changes no execution order.
+    Read from the per-thread counter where torch exposes it (it does from 2.1 on); elsewhere one
+    throw-away node is created to read it. Nodes created afterwards have larger or equal numbers;
+    the engine only compares sequence numbers with each other, so the probe's shift of them all
+    by one changes no execution order.
     """
+    if _peek_sequence_nr is not None:
+        return _peek_sequence_nr()
+    return _probe_sequence_nr()
+
+
+def _probe_sequence_nr() -> int:
+    """:func:`next_sequence_nr` by a throw-away node (torch without the counter's binding)."""
     global _probe
     if _probe is None:
         _probe = torch.zeros(0, requires_grad=True)

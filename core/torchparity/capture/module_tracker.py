@@ -216,9 +216,11 @@ class ModuleTracker:
 def _sequence_nr() -> int | None:
     """The autograd sequence number the next node created on this thread will get (None if it
     cannot be read here)."""
-    from .grad_capture import next_sequence_nr
+    from .grad_capture import _peek_sequence_nr, next_sequence_nr
     from .tool_state import tool_work
 
+    if _peek_sequence_nr is not None:
+        return _peek_sequence_nr()
     try:
         with tool_work():  # the probe node is the tool's own work: no capture mode records it
             return next_sequence_nr()
