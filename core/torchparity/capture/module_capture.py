@@ -41,6 +41,7 @@ class ModuleCapture:
         self._handles: list[Any] = []
         self._grad_counters: dict[str, int] = {}
         self._pending_bw: list[GradWatch] = []
+        self._walked: dict[int, tuple[Any, list[Any]]] = {}  # tag_graph's per-call walks (its ``walked``)
         tracker.on_enter.append(self.on_enter)
         tracker.on_exit.append(self.on_exit)
         tracker.want_seq = True  # backward attribution of the ops a module runs between its children
@@ -53,6 +54,7 @@ class ModuleCapture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._walked.clear()
 
     def new_step(self) -> None:
         self._grad_counters.clear()
@@ -102,7 +104,9 @@ class ModuleCapture:
         if self.tag and torch.is_grad_enabled() and not frame.recompute:
             tag_graph(output, {"module": frame.path, "module_class": frame.cls,
                                "fwd": rec.id if rec is not None else None, "node": None}, stop_at=stop,
-                       since=frame.seq0)
+                       since=frame.seq0, walked=self._walked)
+        if self._walked and not self.tracker.stack:  # the outermost module returned: no walk needs them
+            self._walked.clear()
         if pending is None:
             return
         s.busy = True

@@ -228,7 +228,8 @@ def _sequence_nr() -> int | None:
         return None
 
 
-def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY, since: int | None = None) -> None:
+def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY, since: int | None = None,
+              walked: "dict[int, tuple[Any, list[Any]]] | None" = None) -> None:
     """Tag the autograd nodes that produced ``outputs`` (and not yet tagged ones behind them).
 
     Walks ``grad_fn.next_functions`` from each output tensor and stops at nodes already tagged, so
@@ -239,6 +240,13 @@ def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY
     With ``since`` (the autograd sequence number taken when the call began) the walk covers
     exactly the nodes the call created: it goes on through nodes already tagged (by submodules)
     and stops at nodes older than ``since``, so an op run between two submodules is tagged too.
+
+    ``walked`` (with ``since``; one dict per tracker, emptied when its outermost module returns)
+    remembers, per call, where its walk left the call's nodes: the nodes older than its ``since``
+    it reached. A later walk that reaches a node a submodule call tagged goes on from those nodes
+    instead of walking the submodule's nodes again (every node was otherwise walked once per
+    enclosing module). The nodes tagged are the same, except that a node the submodule reached
+    only through an output its caller dropped now gets the caller's tag instead of none.
     """
     todo = []
     # a single tensor is the common case (tree_flatten costs ~10 us even for it)
@@ -247,6 +255,8 @@ def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY
             todo.append(leaf.grad_fn)
     seen: set[int] = set()
     alive = []  # torch < 2.2 frees a node's Python wrapper with its last reference: keep them, so ids stay unique
+    skip = walked if since is not None else None
+    boundary: list[Any] = []  # with ``walked``: the nodes older than ``since`` the walk reached
     while todo:
         node = todo.pop()
         if node is None or id(node) in seen:
@@ -260,6 +270,8 @@ def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY
         if since is not None:
             try:
                 if node._sequence_nr() < since:
+                    if skip is not None:
+                        boundary.append(node)
                     continue
             except (AttributeError, RuntimeError):
                 continue
@@ -267,11 +279,19 @@ def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY
             continue
         if stop_at is not None and any(node is n for n in stop_at):
             continue
-        if key not in meta:
+        tag = meta.get(key)
+        if tag is None:
             meta[key] = info
+        elif skip and tag is not info:
+            done = skip.get(id(tag))
+            if done is not None and done[0] is tag:  # a submodule call's nodes, walked at its exit
+                todo.extend(done[1])
+                continue
         for fn, _ in node.next_functions:
             if fn is not None:
                 todo.append(fn)
+    if skip is not None:
+        skip[id(info)] = (info, boundary)
 
 
 def current_backward_info() -> dict[str, Any] | None:

@@ -227,6 +227,7 @@ class OpStream:
         self._hooks: list[Any] = []
         self.tracker: ModuleTracker | None = None
         self._roots: list[torch.nn.Module] = []
+        self._walked: dict[int, tuple[Any, list[Any]]] = {}  # tag_graph's per-call walks (its ``walked``)
         #: interceptions so far (what the counting bench reads)
         self.intercepted = 0
         self._compiled_guard = CompiledCallGuard(_STREAM_TOOLS)
@@ -272,6 +273,7 @@ class OpStream:
                 if self.tracker is not None and not any(c.needs_modules for c in self._consumers):
                     self.tracker.stop()
                     self.tracker = None
+                    self._walked.clear()
                 if not self._consumers:
                     self._stop()
 
@@ -412,7 +414,10 @@ class OpStream:
         self.tracker = t
 
     def _tag_backward(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
-        tag_graph(output, (frame.path, frame.cls), key=STREAM_KEY, since=frame.seq0)
+        walked = self._walked
+        tag_graph(output, (frame.path, frame.cls), key=STREAM_KEY, since=frame.seq0, walked=walked)
+        if walked and self.tracker is not None and not self.tracker.stack:  # the outermost module returned
+            walked.clear()
 
     # ---- steps -------------------------------------------------------------------------------
     def next_step(self) -> None:
