@@ -283,8 +283,17 @@ class DumpWriter:
         if b.stats is not None and b.stat_slots:
             # a StatRows waits here (the writer thread) for its flush's device-to-host copy
             values = b.stats.tolist() if not isinstance(b.stats, torch.Tensor) else b.stats.cpu().tolist()
-            for entry, row in zip(b.stat_slots, values):  # stats_to_dict(); finite ones written as they are
-                entry.stats = None if row is None else stats_dict(row, ready)
+            # stats_to_dict(); finite ones written as they are. A row measured once and reused (an
+            # op's output read by later ops) is the same list object: its entries share one dict
+            made: dict[int, dict[str, Any]] = {}
+            for entry, row in zip(b.stat_slots, values):
+                if row is None:
+                    entry.stats = None
+                    continue
+                st = made.get(id(row))
+                if st is None:
+                    st = made[id(row)] = stats_dict(row, ready)
+                entry.stats = st
         for entry, copy in b.checksums:  # md5 mode: wait for each asynchronous host copy, hash it
             entry.md5 = copy.checksum()
         if b.tensors:
