@@ -313,3 +313,128 @@ def test_a_buffer_written_in_a_gap_is_measured_in_the_light_steps(tmp_path: Path
         out = [t for r in _records(tmp_path / "d", step) if r["name"].startswith("Module.cache")
                for t in r["tensors"] if t["io"] == "output"]
         assert out and out[0].get("stats") and out[0]["stats"]["max"] == 1.0, (step, out)
+
+
+# ---- between full steps the api level's function mode leaves its stack (ApiCaptureMode) ----
+
+
+def _api_mode_on_stack_per_step(out: Path, n: int, **opts) -> list[bool]:
+    """Whether the dump's ApiCaptureMode was on the torch-function-mode stack during each step's
+    forward (read in a forward pre-hook: hooks run outside any mode's handler)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    from torchparity.capture.api_mode import ApiCaptureMode
+
+    model, batches = make_model(cfg=CFG), make_batches(n, cfg=CFG)
+    seen: list[bool] = []
+    model.register_forward_pre_hook(
+        lambda m, a: seen.append(any(isinstance(x, ApiCaptureMode) for x in _get_current_function_mode_stack())))
+    with torchparity.dump(str(out), model=model, fsync=False, **opts):
+        train(model, batches)
+    assert not _get_current_function_mode_stack()
+    return seen
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+def test_between_full_steps_the_api_mode_is_off_its_stack(tmp_path: Path, level: str) -> None:
+    assert _api_mode_on_stack_per_step(tmp_path / "a", 7, level=level, every=3, light="module") == \
+        [s in (0, 3, 6) for s in range(7)]
+    assert _api_mode_on_stack_per_step(tmp_path / "b", 4, level=level, steps=[2]) == [False, False, True, False]
+    assert _api_mode_on_stack_per_step(tmp_path / "c", 3, level=level) == [True, True, True]
+
+
+@pytest.mark.parametrize("level", ["api", "mix"])
+def test_api_full_steps_record_the_same_after_a_gap(tmp_path: Path, monkeypatch, level: str) -> None:
+    """A scheduled api/mix dump's full steps record the same whether its function mode stayed on
+    the stack in the gaps (passing calls through, as before) or left it."""
+    from torchparity.capture.api_mode import ApiCaptureMode
+    from torchparity.capture.op_stream import OpStream
+
+    baseline = train(make_model(cfg=CFG), make_batches(5, cfg=CFG))
+    assert _run(tmp_path / "paused", n=5, level=level, every=2, light="module") == baseline
+    monkeypatch.setattr(ApiCaptureMode, "_on_session_step", lambda self: None)
+    monkeypatch.setattr(OpStream, "pause", lambda self, consumer: None)
+    _run(tmp_path / "seen", n=5, level=level, every=2, light="module")
+    for step in range(5):
+        assert _records(tmp_path / "paused", step) == _records(tmp_path / "seen", step), step
+
+
+def test_api_a_write_through_data_in_a_gap_is_measured_at_the_next_full_step(tmp_path: Path) -> None:
+    """As at the aten level: a parameter changed through ``.data`` where the api mode was off
+    its stack is measured anew (api-level measurements are reused across steps)."""
+    model, batches = make_model(cfg=CFG), make_batches(3, cfg=CFG)
+    w = next(model.parameters())
+    opt = torch.optim.SGD([p for p in model.parameters() if p is not w], lr=0.0)
+    with torchparity.dump(str(tmp_path / "d"), model=model, fsync=False, level="api", every=2):
+        for i, (x, y) in enumerate(batches):
+            if i == 1:
+                w.data.mul_(3.0)
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    norms = {}
+    for step in (0, 2):
+        for r in _records(tmp_path / "d", step):
+            for t in r["tensors"]:
+                if t["io"] == "input" and tuple(t.get("shape") or ()) == tuple(w.shape) and t.get("stats"):
+                    norms.setdefault(step, t["stats"]["norm"])
+    assert norms[2] == pytest.approx(3 * norms[0], rel=1e-5)
+
+
+def test_a_user_function_mode_around_each_iteration_leaves_api_full_steps_and_the_stack_intact(tmp_path: Path) -> None:
+    """A torch-function mode the user enters around every iteration while a scheduled api dump
+    leaves and rejoins the stack: the full steps are recorded, the user's ``with`` exits pop the
+    user's mode, and the stack is empty at the end."""
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+    class Passing(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Passing.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    model, batches = make_model(cfg=CFG), make_batches(4, cfg=CFG)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torchparity.dump(str(tmp_path / "d"), model=model, fsync=False, level="api", steps=[1, 3]):
+        for x, y in batches:
+            with Passing() as p:
+                F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+                opt.step()
+                assert _get_current_function_mode_stack()[-1] is p  # the user's mode stays on top
+                opt.zero_grad()
+    assert not _get_current_function_mode_stack()
+    assert sorted(p.name for p in (tmp_path / "d").glob("step*")) == ["step1", "step3"]
+    for step in (1, 3):
+        recs = _records(tmp_path / "d", step)
+        assert {r["level"] for r in recs} == {"api"} and any(r["phase"] == "forward" for r in recs)
+    assert Passing.calls > 0
+
+
+@pytest.mark.parametrize("level", ["api", "aten"])
+def test_module_exits_tag_the_autograd_graph_on_full_steps_only(tmp_path: Path, monkeypatch, level: str) -> None:
+    """The backward tags are read by the records of full steps: between them no walk is made."""
+    from torchparity.capture import module_capture
+
+    walks: list[int] = []
+    real = module_capture.tag_graph
+    step = [0]
+
+    def counting(*a, **k):
+        walks.append(step[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(module_capture, "tag_graph", counting)
+    model, batches = make_model(cfg=CFG), make_batches(4, cfg=CFG)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torchparity.dump(str(tmp_path / "d"), model=model, fsync=False, level=level, steps=[1, 3], light="module"):
+        for i, (x, y) in enumerate(batches):
+            step[0] = i
+            torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+            opt.step()
+            opt.zero_grad()
+    assert sorted(set(walks)) == [1, 3]
+    # the full steps' backward records still name their modules
+    assert any(r["phase"] == "backward" and r["module"] for r in _records(tmp_path / "d", 3))

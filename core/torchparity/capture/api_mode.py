@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.overrides import _pop_mode as _pop_function_mode
+from torch.overrides import _push_mode as _push_function_mode
 
 from ..records import OpRecord
 from .aten_mode import (_ALL_OUTPUTS, _OVERWRITING, _UNINITIALIZED_RESULT, _WHY_OUT, _WHY_OVERWRITTEN,
@@ -134,6 +136,16 @@ def _tensors_of(args: tuple, kwargs: dict) -> list[Any]:
     return out
 
 
+def _function_modes() -> list[Any]:
+    """The torch-function-mode stack, bottom first."""
+    try:
+        from torch.overrides import _get_current_function_mode_stack
+
+        return list(_get_current_function_mode_stack())
+    except Exception:  # pragma: no cover - private API moved
+        return []
+
+
 class ApiCaptureMode(TorchFunctionMode):
     """Records API calls into a :class:`CaptureSession` (levels ``api`` and ``mix``)."""
 
@@ -148,6 +160,59 @@ class ApiCaptureMode(TorchFunctionMode):
         # gradients from C++ without a version bump (session.api_reuse re-checks every step).
         if not tag_only:
             session.enable_api_reuse()
+        self._off = False  # paused off the function-mode stack (between a scheduled dump's full steps)
+        self._left: list[Any] = []  # the stack as the mode left it
+
+    # -- the stack between full steps -----------------------------------------------------------
+    def __enter__(self) -> "ApiCaptureMode":
+        super().__enter__()
+        self._off = False
+        if not self.tag_only:
+            self.session.step_listeners.append(self._on_session_step)
+            self._on_session_step()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._on_session_step in self.session.step_listeners:
+            self.session.step_listeners.remove(self._on_session_step)
+        if self._off:  # paused: already off the stack
+            self._off = False
+            return
+        super().__exit__(*exc)
+
+    def _on_session_step(self) -> None:
+        """A step began: between full steps (light or unscheduled steps of a scheduled dump, a
+        rank not selected) no call is recorded, so the mode leaves the function-mode stack when it
+        is on top of it (every torch call then runs without it; else it stays, passing calls
+        through). Writes and allocations made meanwhile are not seen, so what was remembered
+        (measurements, write generations, storages not yet written) is forgotten when it leaves.
+        It goes back at the next full step: on top where the stack is as it left it, else under
+        the modes the user entered meanwhile and is still inside (taken off and pushed back by the
+        stack's own functions, so each one's ``with`` still unwinds it from the top)."""
+        s = self.session
+        full = s.tier == "full"  # the schedule's decision, not a façade's pause (enabled_step)
+        if not full and not self._off:
+            stack = _function_modes()
+            if stack and stack[-1] is self:
+                s.reuse_stats = False  # nothing is remembered until the next full step
+                s._measured.clear()
+                s._write_gen.clear()
+                s.uninit.clear()
+                _pop_function_mode()
+                self._off = True
+                self._left = stack[:-1]
+        elif full and self._off:
+            self._off = False
+            now = _function_modes()
+            keep = 0
+            while keep < min(len(now), len(self._left)) and now[keep] is self._left[keep]:
+                keep += 1
+            above = [_pop_function_mode() for _ in range(len(now) - keep)]  # top first
+            _push_function_mode(self)
+            for m in reversed(above):
+                _push_function_mode(m)
+            self._left = []
+            s.enable_api_reuse()  # reuse again (single process), as when the mode was made
 
     # -- backward assembly --------------------------------------------------------------------
     def _emit_backward(self, watch: GradWatch) -> None:

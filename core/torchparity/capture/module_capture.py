@@ -101,7 +101,9 @@ class ModuleCapture:
                                module=frame.path, module_class=frame.cls,
                                name=module_record_name(frame.path, frame.cls, phase, frame.call_index),
                                flags={"compute_dtype": cd} if cd else None)
-        if self.tag and torch.is_grad_enabled() and not frame.recompute:
+        # tags are read by the api/aten records of full steps only (a light step's module records
+        # observe their own gradients): between full steps no walk
+        if self.tag and s.tier == "full" and torch.is_grad_enabled() and not frame.recompute:
             tag_graph(output, {"module": frame.path, "module_class": frame.cls,
                                "fwd": rec.id if rec is not None else None, "node": None}, stop_at=stop,
                        since=frame.seq0, walked=self._walked)
