@@ -22,7 +22,7 @@
 #             aten dumps, the Triton tests' full output (about 3 min)
 #   PART=s12d: session 12's last run: the Triton tests, the kernel's variants per value size, gpu_checks, the 1B
 #             Llama at batch 8, bench_compile per step (about 4.5 min)
-#   PART=next: prepared for the next session with a GPU (about 7.5 min): the Triton tests, kernel variants with
+#   PART=next: prepared for the next session with a GPU (about 8 min): the Triton tests, kernel variants with
 #             vectorized loads, gpu_checks, the 1B Llama at batch 8 (with a torch.profiler; and with the dumps'
 #             summaries at each step's end, no longer the default: the writer's GIL time) and 1, bench_compile
 #             with the default and with --summaries step
@@ -145,8 +145,11 @@ elif [ "$part" = next ]; then
   wheel_check
   stamp pytest; timeout 50 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short tests/capture/test_stat_triton.py \
     tests/capture/test_stat_batch.py tests/compile/test_compile_batched_stats.py > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
-  stamp stat-kernel; timeout 45 python bench/bench_stat_kernel.py --device cuda --sizes 1024,262144,4194304,67108864 \
-    --variants 1024:4:8,4096:8:4,2048:8:16 --out "$out/stat_kernel.md" 2>&1 | grep -E '^\|' | head -30
+  # variants: fewer programs (each loops more: a program's closing reductions of its six accumulators
+  # weigh less on a 4 M-element value, where 8 per SM loop about once) and fewer lanes per thread
+  # (the float64 accumulators' registers: occupancy)
+  stamp stat-kernel; timeout 75 python bench/bench_stat_kernel.py --device cuda --sizes 1024,262144,4194304,67108864 \
+    --variants 1024:4:8,4096:8:4,2048:8:16,2048:8:2,1024:8:4,512:4:8 --out "$out/stat_kernel.md" 2>&1 | grep -E '^\|' | head -40
   stamp checks; timeout 40 python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -5 "$out/checks.log"
   stamp llama1b-batch8; timeout 85 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
     --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E 'round'
