@@ -146,6 +146,15 @@ def _function_modes() -> list[Any]:
         return []
 
 
+def _is_device_context(mode: Any) -> bool:
+    """torch's mode of ``torch.set_default_device`` (it must stay at the bottom of the stack)."""
+    try:
+        from torch.utils._device import DeviceContext
+    except ImportError:  # pragma: no cover - torch without it
+        return False
+    return isinstance(mode, DeviceContext)
+
+
 class ApiCaptureMode(TorchFunctionMode):
     """Records API calls into a :class:`CaptureSession` (levels ``api`` and ``mix``)."""
 
@@ -175,10 +184,20 @@ class ApiCaptureMode(TorchFunctionMode):
     def __exit__(self, *exc: Any) -> None:
         if self._on_session_step in self.session.step_listeners:
             self.session.step_listeners.remove(self._on_session_step)
+        self.session.cancel_outside_backward(self._follow_tier)
         if self._off:  # paused: already off the stack
             self._off = False
             return
-        super().__exit__(*exc)
+        stack = _function_modes()
+        if stack and stack[-1] is self:
+            super().__exit__(*exc)
+        elif any(m is self for m in stack):  # under modes entered after it (and still active): from there
+            above = []
+            while stack.pop() is not self:
+                above.append(_pop_function_mode())
+            _pop_function_mode()
+            for m in reversed(above):
+                _push_function_mode(m)
 
     def _on_session_step(self) -> None:
         """A step began: between full steps (light or unscheduled steps of a scheduled dump, a
@@ -188,7 +207,13 @@ class ApiCaptureMode(TorchFunctionMode):
         (measurements, write generations, storages not yet written) is forgotten when it leaves.
         It goes back at the next full step: on top where the stack is as it left it, else under
         the modes the user entered meanwhile and is still inside (taken off and pushed back by the
-        stack's own functions, so each one's ``with`` still unwinds it from the top)."""
+        stack's own functions, so each one's ``with`` still unwinds it from the top), and always
+        above torch's default-device mode, which stays at the bottom. A step that begins inside
+        backward is followed at the first module entry outside it (the engine runs a backward
+        with a copy of the mode stacks: ``session.when_outside_backward``)."""
+        self.session.when_outside_backward(self._follow_tier)
+
+    def _follow_tier(self) -> None:
         s = self.session
         full = s.tier == "full"  # the schedule's decision, not a façade's pause (enabled_step)
         if not full and not self._off:
@@ -206,6 +231,8 @@ class ApiCaptureMode(TorchFunctionMode):
             now = _function_modes()
             keep = 0
             while keep < min(len(now), len(self._left)) and now[keep] is self._left[keep]:
+                keep += 1
+            while keep < len(now) and _is_device_context(now[keep]):  # set_default_device(): at the bottom
                 keep += 1
             above = [_pop_function_mode() for _ in range(len(now) - keep)]  # top first
             _push_function_mode(self)
