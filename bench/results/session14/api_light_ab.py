@@ -13,7 +13,7 @@ torch.set_num_threads(1)
 which = sys.argv[1] if len(sys.argv) > 1 else "launch"
 bench = LlamaBench(which)
 root = tempfile.mkdtemp()
-real = ApiCaptureMode._on_session_step
+real = getattr(ApiCaptureMode, "_on_session_step", None)  # None: code before session 14 (never leaves)
 
 
 class _Old(DumpRun):
@@ -27,7 +27,10 @@ class _Old(DumpRun):
         try:
             return super().__exit__(*exc)
         finally:
-            ApiCaptureMode._on_session_step = real
+            if real is not None:
+                ApiCaptureMode._on_session_step = real
+            else:
+                del ApiCaptureMode._on_session_step
 
 
 configs = {"off": None,
