@@ -184,7 +184,7 @@ class ApiCaptureMode(TorchFunctionMode):
     def __exit__(self, *exc: Any) -> None:
         if self._on_session_step in self.session.step_listeners:
             self.session.step_listeners.remove(self._on_session_step)
-        self.session.cancel_outside_backward(self._follow_tier)
+        self.session.outside_backward.cancel(self._follow_tier)
         if self._off:  # paused: already off the stack
             self._off = False
             return
@@ -210,8 +210,8 @@ class ApiCaptureMode(TorchFunctionMode):
         stack's own functions, so each one's ``with`` still unwinds it from the top), and always
         above torch's default-device mode, which stays at the bottom. A step that begins inside
         backward is followed at the first module entry outside it (the engine runs a backward
-        with a copy of the mode stacks: ``session.when_outside_backward``)."""
-        self.session.when_outside_backward(self._follow_tier)
+        with a copy of the mode stacks: ``capture/outside_backward.py``)."""
+        self.session.outside_backward.run(self._follow_tier)
 
     def _follow_tier(self) -> None:
         s = self.session

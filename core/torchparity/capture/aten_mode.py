@@ -120,7 +120,7 @@ class AtenCaptureMode(OpConsumer):
         try:
             if self._on_session_step in self.session.step_listeners:
                 self.session.step_listeners.remove(self._on_session_step)
-            self.session.cancel_outside_backward(self._follow_tier)
+            self.session.outside_backward.cancel(self._follow_tier)
             op_stream().detach(self)
         finally:
             if self._param_names is not None:
@@ -135,8 +135,8 @@ class AtenCaptureMode(OpConsumer):
         written) is forgotten when it pauses, and nothing is remembered until it resumes (as in a
         module-level dump). The schedule decides (``session.tier``); a façade pausing a full
         step (``enabled_step``) keeps every op seen. A step that begins inside backward is
-        followed at the first module entry outside it (``session.when_outside_backward``)."""
-        self.session.when_outside_backward(self._follow_tier)
+        followed at the first module entry outside it (``capture/outside_backward.py``)."""
+        self.session.outside_backward.run(self._follow_tier)
 
     def _follow_tier(self) -> None:
         s = self.session

@@ -21,6 +21,7 @@ from .batch import Batch, RecordSink
 from .options import DumpOptions, compile_patterns, matches
 from ..records import OpRecord, TensorEntry, op_record, scalar_entry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
+from .outside_backward import OutsideBackward
 from .stacks import StackTable
 from .host_copies import HostCopier, HostCopy
 from .stat_batch import RowRef, StatBatcher
@@ -113,7 +114,8 @@ class CaptureSession(MeasurementReuse):
         #: called after each step boundary, once the new step's tier is decided (the aten-level
         #: consumer pauses the op stream between its full steps)
         self.step_listeners: list[Callable[[], None]] = []
-        self._outside_backward: list[Callable[[], None]] = []  # when_outside_backward()'s queue
+        #: the capture modes change their stacks through it (a step may begin inside backward)
+        self.outside_backward = OutsideBackward(tracker)
         self._pending: list[OpRecord] = []
         # one per entry of _pending_slots: a host row (list) or a row of the batcher (RowRef)
         self._pending_stats: list[list[float] | RowRef] = []
@@ -175,33 +177,6 @@ class CaptureSession(MeasurementReuse):
         self.options = full.light_options() if self.light_step else full
         self._full_modules = "module" in full.levels
         return tier == "full"
-
-    def when_outside_backward(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` now, or, inside a backward pass, at the first module entry outside one.
-
-        A step can begin inside backward (an optimizer stepped from a gradient hook: the
-        "optimizer step in backward" pattern). The autograd engine runs a backward with a copy of
-        the caller's mode stacks and puts the caller's back when it returns, so a mode pushed or
-        popped there is lost: the capture modes leave or rejoin their stacks only outside it."""
-        if not in_backward():
-            fn()
-            return
-        if fn not in self._outside_backward:
-            self._outside_backward.append(fn)
-        if self._run_outside_backward not in self.tracker.on_enter:
-            self.tracker.on_enter.append(self._run_outside_backward)  # stays: a check per module entry
-
-    def cancel_outside_backward(self, fn: Callable[[], None]) -> None:
-        """Drop ``fn`` from what :meth:`when_outside_backward` still has to run."""
-        if fn in self._outside_backward:
-            self._outside_backward.remove(fn)
-
-    def _run_outside_backward(self, frame: Any, args: tuple, kwargs: dict) -> None:
-        if self._outside_backward and not in_backward():
-            fns, self._outside_backward = self._outside_backward, []
-            for fn in fns:
-                fn()
-        return None
 
     @property
     def module_step(self) -> bool:

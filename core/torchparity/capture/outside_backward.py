@@ -1,0 +1,47 @@
+"""Run a change of the mode stacks outside a backward pass.
+
+A training step can begin inside backward: an optimizer stepped from a gradient hook (PyTorch's
+"optimizer step in backward" pattern, ``_apply_optimizer_in_backward``, ZeRO overlapping with
+DDP) ends the step there. The autograd engine runs a backward with a copy of the caller's mode
+stacks and puts the caller's back when it returns, so a mode pushed or popped inside it is lost.
+The capture modes (the op stream's dispatch mode, the api level's function mode) leave or rejoin
+their stacks between a scheduled dump's full steps only through :class:`OutsideBackward`: at once
+outside backward, else at the first module entry after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .module_tracker import ModuleTracker, in_backward
+
+
+class OutsideBackward:
+    """A queue of calls that must not run inside a backward pass, drained at module entries."""
+
+    def __init__(self, tracker: ModuleTracker) -> None:
+        self.tracker = tracker
+        self._queue: list[Callable[[], None]] = []
+
+    def run(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` now, or, inside a backward pass, at the first module entry outside one
+        (once, however often it is asked for meanwhile)."""
+        if not in_backward():
+            fn()
+            return
+        if fn not in self._queue:
+            self._queue.append(fn)
+        if self._drain not in self.tracker.on_enter:
+            self.tracker.on_enter.append(self._drain)  # stays: one check per module entry
+
+    def cancel(self, fn: Callable[[], None]) -> None:
+        """Forget ``fn`` if it still waits (its mode is leaving)."""
+        if fn in self._queue:
+            self._queue.remove(fn)
+
+    def _drain(self, frame: Any, args: tuple, kwargs: dict) -> None:
+        if self._queue and not in_backward():
+            fns, self._queue = self._queue, []
+            for fn in fns:
+                fn()
+        return None
