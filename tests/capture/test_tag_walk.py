@@ -107,3 +107,17 @@ def test_skipping_walk_on_hf_llama() -> None:
     assert n > 100
     assert skip == full
     assert sum(1 for v in full.values() if v and v[0].endswith("self_attn")) > 0
+
+
+def test_a_full_walked_dict_starts_again_and_tags_stay_the_same(monkeypatch) -> None:
+    """An outermost module that never returns would grow ``walked`` by a call per module call:
+    past its limit it is emptied, and a walk that misses a submodule's entry goes through the
+    submodule's nodes, so the tags do not change."""
+    from torchparity.capture import module_tracker
+
+    monkeypatch.setattr(module_tracker, "_WALKED_LIMIT", 3)
+    torch.manual_seed(0)
+    model = _Net()
+    x = torch.randn(3, 8, requires_grad=True)
+    full, skip, _ = _tags_both_ways(model, lambda: model(x))
+    assert skip == full

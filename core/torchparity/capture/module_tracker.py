@@ -35,6 +35,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 _META_KEY = "torchparity"
+#: calls a ``walked`` dict remembers at most (see :func:`tag_graph`)
+_WALKED_LIMIT = 100_000
 
 
 @dataclass
@@ -291,6 +293,8 @@ def tag_graph(outputs: Any, info: Any, stop_at: Any = None, key: str = _META_KEY
             if fn is not None:
                 todo.append(fn)
     if skip is not None:
+        if len(skip) >= _WALKED_LIMIT:  # an outermost module that never returns: start again (only
+            skip.clear()  # the skipping is lost; a walk missing a submodule's entry goes through its nodes)
         skip[id(info)] = (info, boundary)
 
 
