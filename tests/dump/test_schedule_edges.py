@@ -105,8 +105,13 @@ def test_default_device_set_in_a_gap_stays_at_the_bottom_of_the_stack(tmp_path: 
         # leave the process clean for other tests, whatever happened
         while _get_current_function_mode_stack():
             torch.overrides._pop_mode()
-        torch._GLOBAL_DEVICE_CONTEXT.device_context = None
-        torch.utils._device.CURRENT_DEVICE = None
+        glob = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+        if glob is not None and hasattr(glob, "device_context"):  # newer torch: a thread-local holder
+            glob.device_context = None
+        elif glob is not None:  # torch 2.1: the DeviceContext itself
+            torch._GLOBAL_DEVICE_CONTEXT = None
+        if hasattr(torch.utils._device, "CURRENT_DEVICE"):
+            torch.utils._device.CURRENT_DEVICE = None
     # the full step ran under the api mode, above torch's default-device mode
     assert stacks == [["DeviceContext"], ["DeviceContext", "ApiCaptureMode"], ["DeviceContext"]], stacks
     assert leaked == ["DeviceContext"], leaked
