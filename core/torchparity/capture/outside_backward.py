@@ -6,11 +6,14 @@ DDP) ends the step there. The autograd engine runs a backward with a copy of the
 stacks and puts the caller's back when it returns, so a mode pushed or popped inside it is lost.
 The capture modes (the op stream's dispatch mode, the api level's function mode) leave or rejoin
 their stacks between a scheduled dump's full steps only through :class:`OutsideBackward`: at once
-outside backward, else at the first module entry after it.
+outside backward, else at the first module entry after it. Mode stacks are per thread: a change
+runs on the thread that started the capture (whose stacks hold its modes), never on another one
+(an evaluation thread calling a module, a CUDA backward's device thread).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from .module_tracker import ModuleTracker, in_backward
@@ -22,26 +25,35 @@ class OutsideBackward:
     def __init__(self, tracker: ModuleTracker) -> None:
         self.tracker = tracker
         self._queue: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._owner = threading.get_ident()  # the thread whose stacks hold the capture's modes
+
+    def _here(self) -> bool:
+        """On the capture's thread, outside any backward pass?"""
+        return threading.get_ident() == self._owner and not in_backward()
 
     def run(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` now, or, inside a backward pass, at the first module entry outside one
-        (once, however often it is asked for meanwhile)."""
-        if not in_backward():
+        """Call ``fn`` now, or, inside a backward pass or on another thread, at the first module
+        entry on the capture's thread outside one (once, however often it is asked for meanwhile)."""
+        if self._here():
             fn()
             return
-        if fn not in self._queue:
-            self._queue.append(fn)
+        with self._lock:
+            if fn not in self._queue:
+                self._queue.append(fn)
         if self._drain not in self.tracker.on_enter:
             self.tracker.on_enter.append(self._drain)  # stays: one check per module entry
 
     def cancel(self, fn: Callable[[], None]) -> None:
         """Forget ``fn`` if it still waits (its mode is leaving)."""
-        if fn in self._queue:
-            self._queue.remove(fn)
+        with self._lock:
+            if fn in self._queue:
+                self._queue.remove(fn)
 
     def _drain(self, frame: Any, args: tuple, kwargs: dict) -> None:
-        if self._queue and not in_backward():
-            fns, self._queue = self._queue, []
+        if self._queue and self._here():
+            with self._lock:
+                fns, self._queue = self._queue, []
             for fn in fns:
                 fn()
         return None
