@@ -4,7 +4,6 @@ review; each failed before its mend)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -15,25 +14,10 @@ import torchparity
 from torchparity.capture.api_mode import ApiCaptureMode
 from torchparity.toymodels import TinyConfig, make_batches, make_model
 
+from tests.dump.in_backward import optimizer_in_backward as _optimizer_in_backward
+from tests.dump.in_backward import records as _records
+
 CFG = TinyConfig(dim=32, hidden=64, layers=1, seq=8, batch=2)
-
-
-def _records(d: Path, step: int) -> list[dict]:
-    f = d / f"step{step}" / "rank0" / "records.jsonl"
-    return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
-
-
-def _optimizer_in_backward(model: torch.nn.Module) -> None:
-    """PyTorch's documented "optimizer step in backward" pattern: one optimizer per parameter,
-    stepped from a post-accumulate-grad hook (so the dump's step ends inside backward)."""
-    opts = {p: torch.optim.SGD([p], lr=0.01) for p in model.parameters()}
-
-    def hook(p: torch.Tensor) -> None:
-        opts[p].step()
-        opts[p].zero_grad()
-
-    for p in model.parameters():
-        p.register_post_accumulate_grad_hook(hook)
 
 
 def test_api_mode_going_back_at_a_step_that_begins_inside_backward(tmp_path: Path) -> None:
