@@ -354,7 +354,7 @@ def test_api_full_steps_record_the_same_after_a_gap(tmp_path: Path, monkeypatch,
 
     baseline = train(make_model(cfg=CFG), make_batches(5, cfg=CFG))
     assert _run(tmp_path / "paused", n=5, level=level, every=2, light="module") == baseline
-    monkeypatch.setattr(ApiCaptureMode, "_on_session_step", lambda self: None)
+    monkeypatch.setattr(ApiCaptureMode, "_follow_tier", lambda self: None)
     monkeypatch.setattr(OpStream, "pause", lambda self, consumer: None)
     _run(tmp_path / "seen", n=5, level=level, every=2, light="module")
     for step in range(5):

@@ -1,6 +1,6 @@
 """Light tier / unscheduled steps of an api-level dump, its function mode paused (session 14) or not:
 ``python bench/results/session14/api_light_ab.py [launch|medium] [rounds]``; interleaved rounds, median.
-"paused off" replays the old behaviour in the same process (ApiCaptureMode._on_session_step a no-op:
+"paused off" replays the old behaviour in the same process (ApiCaptureMode._follow_tier a no-op:
 the mode stays on its stack between full steps, passing every call through)."""
 import statistics, sys, tempfile
 from pathlib import Path
@@ -13,14 +13,14 @@ torch.set_num_threads(1)
 which = sys.argv[1] if len(sys.argv) > 1 else "launch"
 bench = LlamaBench(which)
 root = tempfile.mkdtemp()
-real = getattr(ApiCaptureMode, "_on_session_step", None)  # None: code before session 14 (never leaves)
+real = getattr(ApiCaptureMode, "_follow_tier", None)  # None: code before session 14 (never leaves)
 
 
 class _Old(DumpRun):
     """The dump with its function mode kept on the stack between full steps (before session 14)."""
 
     def __enter__(self):
-        ApiCaptureMode._on_session_step = lambda self: None
+        ApiCaptureMode._follow_tier = lambda self: None
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -28,9 +28,9 @@ class _Old(DumpRun):
             return super().__exit__(*exc)
         finally:
             if real is not None:
-                ApiCaptureMode._on_session_step = real
+                ApiCaptureMode._follow_tier = real
             else:
-                del ApiCaptureMode._on_session_step
+                del ApiCaptureMode._follow_tier
 
 
 configs = {"off": None,

@@ -30,6 +30,7 @@ from ..records import OpRecord
 from .aten_mode import (_ALL_OUTPUTS, _OVERWRITING, _UNINITIALIZED_RESULT, _WHY_OUT, _WHY_OVERWRITTEN,
                          _WHY_UNINIT)
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
+from .mode_stacks import insert_back, take_out
 from .compute_dtype import call_flags
 from .module_tracker import tag_graph
 from .flatten import flat_args, flat_outputs
@@ -177,67 +178,43 @@ class ApiCaptureMode(TorchFunctionMode):
         super().__enter__()
         self._off = False
         if not self.tag_only:
-            self.session.step_listeners.append(self._on_session_step)
-            self._on_session_step()
+            self.session.follow_tier(self._follow_tier)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._on_session_step in self.session.step_listeners:
-            self.session.step_listeners.remove(self._on_session_step)
-        self.session.outside_backward.cancel(self._follow_tier)
+        self.session.unfollow_tier(self._follow_tier)
         if self._off:  # paused: already off the stack
             self._off = False
             return
         stack = _function_modes()
         if stack and stack[-1] is self:
             super().__exit__(*exc)
-        elif any(m is self for m in stack):  # under modes entered after it (and still active): from there
-            above = []
-            while stack.pop() is not self:
-                above.append(_pop_function_mode())
-            _pop_function_mode()
-            for m in reversed(above):
-                _push_function_mode(m)
+        else:  # under modes entered after it (and still active): from there
+            take_out(self, stack, _pop_function_mode, _push_function_mode)
 
-    def _on_session_step(self) -> None:
+    def _follow_tier(self) -> None:
         """A step began: between full steps (light or unscheduled steps of a scheduled dump, a
         rank not selected) no call is recorded, so the mode leaves the function-mode stack when it
         is on top of it (every torch call then runs without it; else it stays, passing calls
-        through). Writes and allocations made meanwhile are not seen, so what was remembered
-        (measurements, write generations, storages not yet written) is forgotten when it leaves.
-        It goes back at the next full step: on top where the stack is as it left it, else under
-        the modes the user entered meanwhile and is still inside (taken off and pushed back by the
-        stack's own functions, so each one's ``with`` still unwinds it from the top), and always
-        above torch's default-device mode, which stays at the bottom. A step that begins inside
-        backward is followed at the first module entry outside it (the engine runs a backward
-        with a copy of the mode stacks: ``capture/outside_backward.py``)."""
-        self.session.outside_backward.run(self._follow_tier)
-
-    def _follow_tier(self) -> None:
+        through). Writes and allocations made meanwhile are not seen, so what was remembered is
+        forgotten when it leaves (``session.forget``). It goes back at the next full step: on top
+        where the stack is as it left it, else under the modes the user entered meanwhile and is
+        still inside (:func:`.mode_stacks.insert_back`), and always above torch's default-device
+        mode, which stays at the bottom. Called through ``session.follow_tier``: never inside a
+        backward pass, whose engine runs with a copy of the mode stacks."""
         s = self.session
         full = s.tier == "full"  # the schedule's decision, not a façade's pause (enabled_step)
         if not full and not self._off:
             stack = _function_modes()
             if stack and stack[-1] is self:
-                s.reuse_stats = False  # nothing is remembered until the next full step
-                s._measured.clear()
-                s._write_gen.clear()
-                s.uninit.clear()
+                s.forget()
                 _pop_function_mode()
                 self._off = True
                 self._left = stack[:-1]
         elif full and self._off:
             self._off = False
-            now = _function_modes()
-            keep = 0
-            while keep < min(len(now), len(self._left)) and now[keep] is self._left[keep]:
-                keep += 1
-            while keep < len(now) and _is_device_context(now[keep]):  # set_default_device(): at the bottom
-                keep += 1
-            above = [_pop_function_mode() for _ in range(len(now) - keep)]  # top first
-            _push_function_mode(self)
-            for m in reversed(above):
-                _push_function_mode(m)
+            insert_back(self, _function_modes(), self._left, _pop_function_mode, _push_function_mode,
+                        stays_below=_is_device_context)
             self._left = []
             s.enable_api_reuse()  # reuse again (single process), as when the mode was made
 

@@ -112,41 +112,31 @@ class AtenCaptureMode(OpConsumer):
             raise
         self._paused = False
         if not self.collectives_only:
-            self.session.step_listeners.append(self._on_session_step)
-            self._on_session_step()
+            self.session.follow_tier(self._follow_tier)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            if self._on_session_step in self.session.step_listeners:
-                self.session.step_listeners.remove(self._on_session_step)
-            self.session.outside_backward.cancel(self._follow_tier)
+            self.session.unfollow_tier(self._follow_tier)
             op_stream().detach(self)
         finally:
             if self._param_names is not None:
                 self._param_names.stop()
 
-    def _on_session_step(self) -> None:
+    def _follow_tier(self) -> None:
         """A step began: between full steps (light or unscheduled steps of a scheduled dump, a
         rank not selected) this consumer needs no op, so it pauses the stream, whose mode then
         hands ops straight to their kernels when no other consumer needs them (those steps cost
         what a module-level dump costs, or nothing). Writes and allocations made meanwhile are
-        not seen, so what was remembered (measurements, write generations, storages not yet
-        written) is forgotten when it pauses, and nothing is remembered until it resumes (as in a
-        module-level dump). The schedule decides (``session.tier``); a façade pausing a full
-        step (``enabled_step``) keeps every op seen. A step that begins inside backward is
-        followed at the first module entry outside it (``capture/outside_backward.py``)."""
-        self.session.outside_backward.run(self._follow_tier)
-
-    def _follow_tier(self) -> None:
+        not seen, so what was remembered is forgotten when it pauses (``session.forget``), and
+        nothing is remembered until it resumes (as in a module-level dump). The schedule decides
+        (``session.tier``); a façade pausing a full step (``enabled_step``) keeps every op seen.
+        Called through ``session.follow_tier``: never inside a backward pass."""
         s = self.session
         full = s.tier == "full"  # the schedule's decision, not a façade's pause (enabled_step)
         if not full and not self._paused:
             self._paused = True
-            s.reuse_stats = False  # nothing is remembered until the next full step
-            s._measured.clear()
-            s._write_gen.clear()
-            s.uninit.clear()  # storages marked now may be written or freed unseen in the gap
+            s.forget()
             op_stream().pause(self)
         elif full and self._paused:
             self._paused = False

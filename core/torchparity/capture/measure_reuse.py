@@ -49,6 +49,15 @@ class MeasurementReuse:
         except (RuntimeError, NotImplementedError, TypeError):  # no storage/version (inference, subclasses)
             pass
 
+    def forget(self) -> None:
+        """A capture stops seeing writes (between a scheduled dump's full steps): reuse nothing,
+        and drop what was remembered (measurements, write generations, storages not yet
+        written), which the unseen writes may make wrong. Reuse comes back with the capture."""
+        self.reuse_stats = False
+        self._measured.clear()
+        self._write_gen.clear()
+        self.uninit.clear()
+
     def enable_api_reuse(self) -> None:
         """The API-level mode watches Python-level writes: reuse measurements (single process)."""
         self._api_reuse = True

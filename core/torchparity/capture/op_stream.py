@@ -43,6 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import gc_quiet
+from .mode_stacks import insert_back
 from .compiled import CompiledCallGuard, refuse_compiled
 from . import ops as opinfo
 from .module_tracker import Frame, ModuleTracker, _graph_task_id, in_backward, tag_graph
@@ -395,13 +396,7 @@ class OpStream:
             return
         from torch.utils._python_dispatch import _pop_mode, _push_mode
 
-        keep = 0
-        while keep < min(len(now), len(self._left)) and now[keep] is self._left[keep]:
-            keep += 1
-        above = [_pop_mode() for _ in range(len(now) - keep)]  # top first
-        _push_mode(mode)
-        for m in reversed(above):
-            _push_mode(m)
+        insert_back(mode, now, self._left, _pop_mode, _push_mode)
         self._raw = True
 
     def _start_tracker(self) -> None:

@@ -111,8 +111,7 @@ class CaptureSession(MeasurementReuse):
         self._measured = TensorMemo()
         self._write_gen: dict[int, int] = {}
         self.uninit = UninitStorages()  # storages made by empty* and not written yet (aten level)
-        #: called after each step boundary, once the new step's tier is decided (the aten-level
-        #: consumer pauses the op stream between its full steps)
+        #: follow_tier()'s callbacks: the capture modes that leave their stacks between full steps
         self.step_listeners: list[Callable[[], None]] = []
         #: the capture modes change their stacks through it (a step may begin inside backward)
         self.outside_backward = OutsideBackward(tracker)
@@ -207,7 +206,21 @@ class CaptureSession(MeasurementReuse):
             self._rank = current_rank()
             self.enabled_step = self._step_enabled()
         for listener in list(self.step_listeners):  # outside the lock: a listener may re-enter a mode
-            listener()
+            self.outside_backward.run(listener)
+
+    def follow_tier(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` now and once each step's tier (:attr:`tier`) is decided, outside any
+        backward pass (:mod:`.outside_backward`): a capture mode follows the schedule with it,
+        leaving its stack between full steps."""
+        self.step_listeners.append(fn)
+        self.outside_backward.run(fn)
+
+    def unfollow_tier(self, fn: Callable[[], None]) -> None:
+        """Stop calling ``fn`` (its mode is leaving), including a call still waiting for the end
+        of a backward pass."""
+        if fn in self.step_listeners:
+            self.step_listeners.remove(fn)
+        self.outside_backward.cancel(fn)
 
     # ---- naming ----------------------------------------------------------------------------
     def phase(self) -> str:
