@@ -156,3 +156,32 @@ def test_ops_before_the_first_module_entry_of_a_full_step_begun_in_backward(tmp_
             model(x).square().mean().backward()
     names = [r["name"] for r in _records(d, 2) if r["level"] == level and r["phase"] == "forward"]
     assert any("tanh" in n for n in names), names
+
+
+def test_a_change_that_raises_does_not_drop_the_changes_after_it() -> None:
+    """Two changes wait for the end of a backward pass; the first raises when drained: the second
+    still runs, and the first's error comes out once both ran (session-14 review)."""
+    from torchparity.capture.module_tracker import ModuleTracker
+    from torchparity.capture.outside_backward import OutsideBackward
+
+    tracker = ModuleTracker()
+    queue = OutsideBackward(tracker)
+    ran: list[str] = []
+
+    def bad() -> None:
+        ran.append("bad")
+        raise RuntimeError("boom")
+
+    def good() -> None:
+        ran.append("good")
+
+    # queued as they would be inside backward (another thread stands in for "not here")
+    t = threading.Thread(target=lambda: (queue.run(bad), queue.run(good)))
+    t.start()
+    t.join()
+    assert ran == []
+    with pytest.raises(RuntimeError, match="boom"):
+        queue._drain(None, (), {})
+    assert ran == ["bad", "good"]
+    queue._drain(None, (), {})  # nothing left to run
+    assert ran == ["bad", "good"]

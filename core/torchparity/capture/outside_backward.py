@@ -51,9 +51,18 @@ class OutsideBackward:
                 self._queue.remove(fn)
 
     def _drain(self, frame: Any, args: tuple, kwargs: dict) -> None:
+        """Run the queued changes (every one of them: a change that raises does not drop the
+        ones after it; the first error is raised once all have run)."""
         if self._queue and self._here():
             with self._lock:
                 fns, self._queue = self._queue, []
+            error: BaseException | None = None
             for fn in fns:
-                fn()
+                try:
+                    fn()
+                except BaseException as exc:  # noqa: BLE001 - re-raised below, after the rest ran
+                    if error is None:
+                        error = exc
+            if error is not None:
+                raise error
         return None
