@@ -18,6 +18,12 @@ by there (``torch.set_num_threads(1)``, so CPU time is host work plus the kernel
 
 Targets (issue 15, item 3): launch-bound aten + statistics <= 5x, api <= 4x; medium aten 1.2x,
 api 1.2x, api + tensor 1.5x.
+
+One more row is a reference, not a tool configuration: "lean Python floor (aten + statistics)" is
+``bench/_lean_floor.py``, a consumer of the same op stream that keeps only what a record needs
+(name, phase, module path; dtype, shape, stride and statistics of each tensor, measured once per
+value; JSON lines from a thread). What it costs, no Python-level aten capture with statistics
+measured on the host can go below.
 """
 
 from __future__ import annotations
@@ -102,6 +108,30 @@ class _Dump(DumpRun):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class _Lean:
+    """bench/_lean_floor.py's reference consumer in a fresh directory (the floor of a Python
+    aten-level statistics capture, not a dump); counts its records per step, like :class:`_Dump`."""
+
+    def __init__(self, root: str, bench: LlamaBench, counts: list[float]) -> None:
+        from _lean_floor import LeanFloor
+
+        self.dir = tempfile.mkdtemp(dir=root)
+        self.lean = LeanFloor(bench.model, self.dir)
+        self.counts = counts
+
+    def __enter__(self) -> "_Lean":
+        self.lean.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lean.__exit__(*exc)
+
+    def cleanup(self) -> None:
+        if self.lean.per_step:
+            self.counts.append(statistics.median(self.lean.per_step))
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class _EmptyMode(TorchDispatchMode):
     """The floor: a dispatch mode that only calls the kernel."""
 
@@ -136,6 +166,10 @@ def run_model(which: str, root: str, rounds: int, warmup: int, steps: int, devic
             continue
         counts[name] = []
         configs[name] = (lambda lv=level, md=mode, c=counts[name]: _Dump(root, bench, lv, md, c))
+    name = "lean Python floor (aten + statistics)"
+    if not only or name in only:
+        counts[name] = []
+        configs[name] = lambda c=counts[name]: _Lean(root, bench, c)
     n_ops = count_aten_ops(bench)
     print(f"{which}: {bench.describe}; {n_ops} aten ops per step", flush=True)
     wall, cpu = time_both(bench, configs, rounds=rounds, warmup=warmup, steps=steps)
