@@ -20,6 +20,7 @@ from .collectives import ASYNC_RESULTS, SYNC_COLLECTIVES, collective_flags
 from .op_stream import LAYER_OBSERVER, UNCOUNTED_OPS, OpCall, OpConsumer, OpInfo, op_stream, written_tensors
 from .optim_names import OptimizerParamNames
 from .flatten import flat_args, flat_outputs
+from .measure_reuse import view_version
 from .session import CaptureSession
 from .tool_state import _tool_state
 
@@ -43,6 +44,9 @@ _SAME_VALUES = {"view": True, "_unsafe_view": True, "_reshape_alias": True, "res
                 "unsqueeze": True, "clone": True, "alias": True, "flatten": True, "view_as": True, "contiguous": True,
                 "t": False, "transpose": False, "permute": False, "numpy_T": False, "matrix_H": False, "mT": False,
                 "mH": False, "adjoint": False}
+
+# Unrecorded ops (the stream's uncounted ops) whose output is its input under another tensor object
+_ALIASES = frozenset({"detach", "alias"})
 
 _WHY_OVERWRITTEN = "overwritten by the op"
 _WHY_OUT = "out= buffer"
@@ -151,6 +155,11 @@ class AtenCaptureMode(OpConsumer):
             s = self.session
             if info.writes:
                 s.note_writes(written_tensors(args, kwargs, info.writes))
+            elif info.base in _ALIASES and args and s.reuse_stats and not s.busy:
+                # detach/alias (unrecorded): the same values under another tensor object, e.g. a
+                # parameter's .grad (AccumulateGrad detaches the incoming gradient), measured
+                # already as the backward op's output
+                s.same_values(args[0], out, True, view_version(args))
             if not s.busy:
                 u = s.uninit
                 if info.base in _UNINITIALIZED_RESULT:
@@ -213,21 +222,27 @@ class AtenCaptureMode(OpConsumer):
         out = run(*args, **kwargs)
         s._busy = True
         ts.busy = getattr(ts, "busy", 0) + 1
+        # a view's outputs share their base's version counter once the dispatcher returns
+        vv = view_version(args) if view else None
         try:
             if writes:
                 written = written_tensors(args, kwargs, writes)
                 s.note_writes(written)
             elif base in _SAME_VALUES and args:
-                s.same_values(args[0], out, _SAME_VALUES[base])
+                s.same_values(args[0], out, _SAME_VALUES[base], vv)
             elif base == "expand" and args:
-                s.expanded_values(args[0], out)
+                s.expanded_values(args[0], out, vv)
             outs = flat_outputs(out)
             if extra.factory:
                 s.uninit.mark(v for _, v in outs)
             elif s.uninit._ptrs and not view:  # (UninitStorages.__bool__, inlined)
                 s.uninit.written(v for _, v in outs)
-            rec.tensors += s.describe(outs, "output", rec.id, link=False, no_values=extra.out_no_values,
-                                      unmeasured=unmeasured)
+            s._out_version = vv
+            try:
+                rec.tensors += s.describe(outs, "output", rec.id, link=False, no_values=extra.out_no_values,
+                                          unmeasured=unmeasured)
+            finally:
+                s._out_version = None
             if unmeasured:
                 rec.flags["unmeasured"] = unmeasured
             if phase == "optimizer" and self._param_names is not None:
@@ -235,12 +250,13 @@ class AtenCaptureMode(OpConsumer):
             if len(outs) == 1 and outs[0][1].__class__ is Tensor:  # s.note_outputs(), inlined
                 v = outs[0][1]
                 memo = s._producers
+                ver = v._version if vv is None else vv
                 if len(memo._d) < memo._limit:
-                    memo._d[id(v)] = (_weakref(v), (rec.id, 0, v._version))
+                    memo._d[id(v)] = (_weakref(v), (rec.id, 0, ver))
                 else:  # the memo sweeps its dead entries
-                    memo[v] = (rec.id, 0, v._version)
+                    memo[v] = (rec.id, 0, ver)
             else:
-                s.note_outputs(rec.id, outs)
+                s.note_outputs(rec.id, outs, version=vv)
             if writes:
                 s.expect_version_bump(written if not any(w[2] for w in writes)
                                       else written_tensors(args, kwargs, writes, lists=False))

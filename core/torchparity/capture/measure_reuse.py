@@ -41,11 +41,14 @@ class MeasurementReuse:
                 pass
         return None
 
-    def _remember(self, v: torch.Tensor, measured: tuple[Any, str | None, str | None, tuple[int, ...] | None]) -> None:
-        """Note (statistics, checksum, saved tensor key, its shape) as the measurement of ``v``."""
+    def _remember(self, v: torch.Tensor, measured: tuple[Any, str | None, str | None, tuple[int, ...] | None],
+                  version: int | None = None) -> None:
+        """Note (statistics, checksum, saved tensor key, its shape) as the measurement of ``v``
+        (at ``version``: :func:`view_version`'s for the output of a view op, else its own)."""
         try:
             ptr = v.untyped_storage().data_ptr()
-            self._measured[v] = (v._version, ptr, self._write_gen.get(ptr, 0), measured)
+            self._measured[v] = (v._version if version is None else version, ptr, self._write_gen.get(ptr, 0),
+                                 measured)
         except (RuntimeError, NotImplementedError, TypeError):  # no storage/version (inference, subclasses)
             pass
 
@@ -94,9 +97,10 @@ class MeasurementReuse:
                     except RuntimeError:
                         pass
 
-    def expanded_values(self, src: Any, dst: Any) -> None:
+    def expanded_values(self, src: Any, dst: Any, version: int | None = None) -> None:
         """``dst = src.expand(...)`` repeats every element of ``src`` the same number of times:
-        its statistics follow from ``src``'s (norm and NaN/Inf counts scale), no pass needed."""
+        its statistics follow from ``src``'s (norm and NaN/Inf counts scale), no pass needed.
+        ``version``: the one ``dst`` will have (:func:`view_version`)."""
         if not self.reuse_stats or not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor) \
                 or src.dtype != dst.dtype or src.device != dst.device:
             return
@@ -106,28 +110,46 @@ class MeasurementReuse:
             return
         f = n_out // n_in
         mx, mn, mean, norm, nan, inf = hit[0]
-        self._remember(dst, ([mx, mn, mean, norm * math.sqrt(f), nan * f, inf * f], None, None, None))
+        self._remember(dst, ([mx, mn, mean, norm * math.sqrt(f), nan * f, inf * f], None, None, None), version)
 
-    def same_values(self, src: Any, dst: Any, keeps_order: bool = True) -> None:
+    def same_values(self, src: Any, dst: Any, keeps_order: bool = True, version: int | None = None) -> None:
         """``dst`` holds exactly ``src``'s elements (a view, transpose or clone of it): give it
         ``src``'s measurement if it is known and current, instead of measuring it again. With
         ``keeps_order=False`` (transposes) only the statistics carry over: the row-major bytes,
-        hence checksum and saved copy, differ."""
+        hence checksum and saved copy, differ. ``version``: the one ``dst`` will have
+        (:func:`view_version`; None: its own)."""
         if not self.reuse_stats or not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor) \
                 or src.dtype != dst.dtype or src.device != dst.device or src.numel() != dst.numel():
             return
         hit = self._lookup(src)
         if hit is None:
             return
-        self._remember(dst, hit if keeps_order else (hit[0], None, None, None))
+        self._remember(dst, hit if keeps_order else (hit[0], None, None, None), version)
 
-    def note_outputs(self, rid: int, outputs: list[tuple[str, Any]], overwrite: bool = True) -> None:
-        """Remember which record produced each output tensor (for the inputs' ``producer``)."""
+    def note_outputs(self, rid: int, outputs: list[tuple[str, Any]], overwrite: bool = True,
+                     version: int | None = None) -> None:
+        """Remember which record produced each output tensor (for the inputs' ``producer``);
+        ``version``: the one the outputs will have (:func:`view_version`; None: their own)."""
         for i, (_, v) in enumerate(outputs):
             if isinstance(v, torch.Tensor):
                 if not overwrite and v in self._producers:
                     continue
                 try:
-                    self._producers[v] = (rid, i, v._version)
-                except TypeError:
+                    self._producers[v] = (rid, i, v._version if version is None else version)
+                except (TypeError, RuntimeError):  # RuntimeError: an inference tensor (no version)
                     pass
+
+
+def view_version(args: tuple) -> int | None:
+    """The version counter a view op's outputs will have once the dispatcher returns: their base's
+    (``args[0]``, the ``self`` of every aten view op). Inside a dispatch mode a view's counter is
+    still its own, at 0: the ADInplaceOrView kernel, above the mode, shares the base's counter only
+    after the mode returned. None when unknown (no tensor base, an inference tensor): the outputs'
+    own counters are used, as for other ops. A wrong guess can only miss (a re-measurement), never
+    reuse a stale value: writes also move the storage's write generation."""
+    if args and isinstance(args[0], torch.Tensor):
+        try:
+            return args[0]._version
+        except RuntimeError:  # inference tensors have no version counter
+            return None
+    return None

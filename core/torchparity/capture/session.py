@@ -110,6 +110,12 @@ class CaptureSession(MeasurementReuse):
         self._api_reuse = False  # set by the API mode: reuse unless torch.distributed is initialised
         self._measured = TensorMemo()
         self._write_gen: dict[int, int] = {}
+        #: while a view op's outputs are described (aten level): the version counter they will
+        #: have once the dispatcher returns. The ADInplaceOrView kernel, above every dispatch mode,
+        #: makes a view share its base's counter only after the mode returned; inside it the view
+        #: still has a fresh counter at 0, so memo entries keyed on that 0 never matched again
+        #: (every weight's transpose was measured anew when the matmul read it) -- see view_version
+        self._out_version: int | None = None
         self.uninit = UninitStorages()  # storages made by empty* and not written yet (aten level)
         #: follow_tier()'s callbacks: the capture modes that leave their stacks between full steps
         self.step_listeners: list[Callable[[], None]] = []
@@ -401,7 +407,8 @@ class CaptureSession(MeasurementReuse):
             if m is not None and m[0]() is v:
                 m = m[1]
                 try:
-                    if m[0] == v._version and self._write_gen.get(m[1], 0) == m[2]:
+                    ver = self._out_version if self._out_version is not None else v._version
+                    if m[0] == ver and self._write_gen.get(m[1], 0) == m[2]:
                         hit = m[3]
                 except RuntimeError:  # inference tensors have no version counter
                     pass
@@ -425,7 +432,7 @@ class CaptureSession(MeasurementReuse):
                 self._pending_owner[key] = e
                 self._pending_bytes += cpu.nbytes if isinstance(cpu, HostCopy) else cpu.numel() * cpu.element_size()
         if changed and self.reuse_stats:
-            self._remember(v, (st, md5, key, key_shape))
+            self._remember(v, (st, md5, key, key_shape), self._out_version)
         if st is not None:  # the writer thread makes the record's dict (StatRows)
             self._pending_stats.append(st)
             self._pending_slots.append(e)
@@ -442,10 +449,11 @@ class CaptureSession(MeasurementReuse):
         measurement with a checksum (from a step of another mode) goes the general way."""
         m = self._measured._d.get(id(v))  # _lookup(), inlined
         hit = None
+        ov = self._out_version  # a view's outputs: the version they will have (see __init__)
         if m is not None and m[0]() is v:
             m = m[1]
             try:
-                if m[0] == v._version and self._write_gen.get(m[1], 0) == m[2]:
+                if m[0] == (v._version if ov is None else ov) and self._write_gen.get(m[1], 0) == m[2]:
                     hit = m[3]
             except RuntimeError:  # inference tensors have no version counter
                 pass
@@ -460,10 +468,11 @@ class CaptureSession(MeasurementReuse):
                 ptr = v.untyped_storage().data_ptr()
                 memo = self._measured
                 d = memo._d
+                ver = v._version if ov is None else ov
                 if len(d) < memo._limit:
-                    d[id(v)] = (_weakref(v), (v._version, ptr, self._write_gen.get(ptr, 0), (st, None, None, None)))
+                    d[id(v)] = (_weakref(v), (ver, ptr, self._write_gen.get(ptr, 0), (st, None, None, None)))
                 else:  # the memo sweeps its dead entries
-                    memo[v] = (v._version, ptr, self._write_gen.get(ptr, 0), (st, None, None, None))
+                    memo[v] = (ver, ptr, self._write_gen.get(ptr, 0), (st, None, None, None))
             except (RuntimeError, NotImplementedError, TypeError):  # no storage/version (inference, subclasses)
                 pass
         if st is not None:  # the writer thread makes the record's dict (StatRows)

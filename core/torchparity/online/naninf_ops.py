@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..capture.measure_reuse import view_version
 from ..capture.tool_state import _tool_state
 from .naninf_rules import (_FINITE, _FLOAT, _INF, _NAN, _PENDING, _EXTERNAL, _STRIDED, _WIDTH, _OpInfo, _accumulates,
                            _inherits_into, _scalars_in_range, _tensors)
@@ -34,6 +35,8 @@ class OpChecks:
             state.busy -= 1
         out = run(*args, **kwargs)
         state.busy += 1
+        # a view's outputs share their base's version counter once the dispatcher returns
+        vv = view_version(args) if info.view else None
         try:
             written = self._note_writes(args, kwargs, info.writes) if info.writes else ()
             for t in (out,) if isinstance(out, torch.Tensor) else _tensors(out):
@@ -45,23 +48,24 @@ class OpChecks:
                         bump, ptr = b, p
                 if t.dtype == src.dtype or _WIDTH[t.dtype] > _WIDTH[src.dtype]:
                     if hit[3] is _PENDING and not written and t.is_cpu:
-                        self._remember(t, hit[4], _PENDING, 0, ptr, k=hit[5])
+                        self._remember(t, hit[4], _PENDING, 0, ptr, k=hit[5], version=vv)
                         if id(src) in self._tail and t.numel() == src.numel():
                             self._tail.add(id(t))
                     elif hit[3] is _PENDING:  # a write, or a copy to another device: judge first
                         self._resolve()
-                        self._remember(t, hit[4], None, bump, ptr)
+                        self._remember(t, hit[4], None, bump, ptr, version=vv)
                     elif t.is_cpu == src.is_cpu or type(hit[3]) is int:
-                        self._remember(t, hit[4], hit[3], bump, ptr)
+                        self._remember(t, hit[4], hit[3], bump, ptr, version=vv)
                     else:  # a device screen for a CPU copy (or back): measured where it lives
-                        self._remember(t, hit[4], None, bump, ptr)
+                        self._remember(t, hit[4], None, bump, ptr, version=vv)
                 elif t.numel():  # a narrowing cast: may overflow, so it is measured
                     if hit[3] is _PENDING:
                         self._resolve()
                         hit = self._entry(src)
                     seq = self._seq
                     self._seq = seq + 1
-                    self._judge(info, n, seq, [hit], 0, [self._remember(t, self.current_step, None, bump, ptr)],
+                    self._judge(info, n, seq, [hit], 0,
+                                [self._remember(t, self.current_step, None, bump, ptr, version=vv)],
                                 [t], bool(written))
         finally:
             state.busy -= 1

@@ -139,13 +139,15 @@ class ScreenMemo:
         return e
 
     def _remember(self, t: torch.Tensor, producer: int, fact: Any, bump: int, ptr: int | None = None,
-                  k: int = -1) -> tuple:
+                  k: int = -1, version: int | None = None) -> tuple:
         """Screen ``t`` (unless ``fact`` is given) and remember it. ``bump``: 1 for a tensor a
-        single-tensor op just wrote (its version counter is bumped after the mode returns)."""
+        single-tensor op just wrote (its version counter is bumped after the mode returns).
+        ``version``: the counter ``t`` will have once the dispatcher returns, for a view op's output
+        (its base's: :func:`~torchparity.capture.measure_reuse.view_version`)."""
         if fact is None:
             fact = _host_fact(t) if t.is_cpu and self._host_read else _screen(t)
         try:
-            v = t._version + bump
+            v = (t._version if version is None else version) + bump
         except RuntimeError:
             v = None
         try:
