@@ -328,3 +328,72 @@ def test_measurements_carry_across_steps_until_written(tmp_path: Path) -> None:
     first_reads = [r for r in recs if r["op"] == "aten.t.default" and r["phase"] == "forward"]
     assert first_reads and all(_stats(r, "input")["norm"] > 0 for r in first_reads)
     assert measured_params.get(1, 0) <= measured_params.get(0, 0) - len(params)
+
+
+def test_a_view_is_measured_once_and_links_to_the_view_op(tmp_path: Path) -> None:
+    """A view op's output shares its base's version counter only after the dispatch mode returned
+    (the ADInplaceOrView kernel sits above the mode). Remembered at the counter it had inside the
+    mode (0), the transpose of a trained weight (version > 0) was measured again when the matmul
+    read it, and the matmul's input had no producer link."""
+    from torchparity.capture import session as session_mod
+
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    views_of_weight: list[int] = []
+    orig = session_mod.host_stats
+
+    def counting(t: torch.Tensor):  # type: ignore[no-untyped-def]
+        if t._base is lin.weight:
+            views_of_weight.append(t.numel())
+        return orig(t)
+
+    session_mod.host_stats = counting
+    try:
+        with torchparity.dump(str(tmp_path / "d"), model=lin, level="aten"):
+            for _ in range(3):  # the optimizer moves the weight's version counter past 0
+                lin(x).square().sum().backward()
+                opt.step()
+                opt.zero_grad()
+    finally:
+        session_mod.host_stats = orig
+    assert lin.weight._version > 0
+    assert views_of_weight == []
+    recs = _records(tmp_path / "d", 2)
+    t_rec = next(r for r in recs if r["op"] == "aten.t.default" and r["phase"] == "forward")
+    mm = next(r for r in recs if r["op"] in ("aten.addmm.default", "aten.mm.default") and r["phase"] == "forward")
+    linked = [t.get("producer") for t in mm["tensors"] if t["io"] == "input"]
+    assert [t_rec["id"], 0] in linked, linked
+
+
+def test_a_detached_gradient_is_not_measured_again_by_the_optimizer(tmp_path: Path) -> None:
+    """AccumulateGrad sets ``.grad`` to a detached alias of the backward op's output (an
+    unrecorded op): the optimizer reads the values the backward op's record measured."""
+    from torchparity.capture import session as session_mod
+
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    d = torchparity.dump(str(tmp_path / "d"), model=lin, level="aten")
+    grads_in_optimizer: list[int] = []
+    orig = session_mod.host_stats
+
+    def counting(t: torch.Tensor):  # type: ignore[no-untyped-def]
+        if d.session is not None and d.session.in_optimizer and \
+                any(p.grad is not None and t.data_ptr() == p.grad.data_ptr() for p in lin.parameters()):
+            grads_in_optimizer.append(t.numel())
+        return orig(t)
+
+    session_mod.host_stats = counting
+    try:
+        with d:
+            for _ in range(2):
+                lin(x).square().sum().backward()
+                opt.step()
+                opt.zero_grad()
+    finally:
+        session_mod.host_stats = orig
+    assert grads_in_optimizer == []
+    recs = _records(tmp_path / "d", 1)
+    upd = [r for r in recs if r["phase"] == "optimizer" and r["op"].startswith("aten.add_")]
+    assert upd and all(any(t["io"] == "input" and t.get("stats") for t in r["tensors"]) for r in upd)

@@ -132,3 +132,42 @@ def test_device_fold_walks_lineage_absorbed_vs_harmful() -> None:
     t._host_read = False
     _train(net, t)
     assert [f.name for f in t.findings] == ["Aten.div.0.forward"]
+
+
+def test_device_path_screens_a_view_of_a_trained_weight_once() -> None:
+    """On the device path each screen is a kernel. A view op's output shares its base's version
+    counter only after the dispatch mode returned: remembered at the counter it had inside the
+    mode (0), the transpose of a trained weight (version > 0) was screened again when the matmul
+    read it. And a planted NaN is still named."""
+    from torchparity.online import naninf_screens
+
+    lin = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
+    for _ in range(2):  # the weight's version counter moves past 0
+        lin(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    screened_views: list[int] = []
+    orig = naninf_screens._screen
+
+    def counting(t: torch.Tensor) -> torch.Tensor:
+        if t._base is lin.weight:
+            screened_views.append(t.numel())
+        return orig(t)
+
+    naninf_screens._screen = counting
+    try:
+        t = NanInfTracker(lin)
+        t._host_read = False
+        with t:
+            lin(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            (lin(x) * NAN).sum()
+            t.step()
+    finally:
+        naninf_screens._screen = orig
+    assert lin.weight._version > 0
+    assert screened_views == []
+    assert t.first is not None and t.first.op == "aten.mul.Tensor"
