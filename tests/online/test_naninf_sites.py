@@ -3,6 +3,7 @@ from harmful ones (findings): issue 14, "NaN/Inf semantics that match what users
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from torchparity.online.naninf import NanInfTracker
@@ -171,3 +172,51 @@ def test_device_path_screens_a_view_of_a_trained_weight_once() -> None:
     assert lin.weight._version > 0
     assert screened_views == []
     assert t.first is not None and t.first.op == "aten.mul.Tensor"
+
+
+class _CopyInPlace(torch.nn.Module):
+    """A NaN created by one op and copied into a slice of another tensor (``h[0, 3] = log(-1)``):
+    the next module reads the tensor it was written into."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = h.clone()
+        h[0, 3] = torch.log(torch.tensor(-1.0))
+        return h
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_a_nan_copied_into_a_tensor_in_place_is_blamed_on_its_creator(device_path: bool) -> None:
+    """Found by a new-user check (session 15): the NaN reached the loss, yet log was reported
+    absorbed and the next Linear as reading a NaN "no tracked op created" (on both paths)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), _CopyInPlace(), torch.nn.Linear(4, 1))
+    t = NanInfTracker(m)
+    t._host_read = not device_path
+    with t:
+        loss = m(torch.randn(2, 4)).sum()
+        loss.backward()
+        t.step()
+    assert loss.isnan()
+    assert [(f.kind, f.op, f.module) for f in t.findings] == [("created", "aten.log.default", "1")]
+    assert t.absorbed == []
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_a_finite_value_copied_in_place_leaves_a_clean_model_clean(device_path: bool) -> None:
+    """The in-place lineage adds nothing when what was copied is finite (a KV-cache-like update)."""
+    torch.manual_seed(0)
+
+    class _Cache(torch.nn.Module):
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            buf = torch.zeros(2, 8)
+            for i in range(100):  # more in-place writes than the lineage remembers per storage
+                buf[:, i % 8] = torch.tanh(h[:, i % 4])
+            return buf
+
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), _Cache(), torch.nn.Linear(8, 1))
+    t = NanInfTracker(m)
+    t._host_read = not device_path
+    with t:
+        m(torch.randn(2, 4)).sum().backward()
+        t.step()
+    assert t.findings == [] and t.absorbed == []

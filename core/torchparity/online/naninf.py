@@ -316,6 +316,12 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
         self._sunk = False  # a sink ran this step (backward, optimizer, the root module's exit)
         self._lost = False  # a sink held NaN/Inf of no known site (then every site is harmful)
         self._wsites: dict[int, int] = {}  # storage ptr -> sites written into it in place
+        # device path: storage ptr -> the screens of values copied into it in place, and the
+        # screen of a tensor read after such a write -> (that screen, those screens): its
+        # NaN/Inf may be theirs (lineage only; the reader still counts as reading an external)
+        self._wscreens: dict[int, list[torch.Tensor]] = {}
+        self._lin_alias: dict[int, tuple[torch.Tensor, list[torch.Tensor], bool]] = {}
+        self._wtrunc: set[int] = set()  # storages written in place more often than remembered
         self._site_ix: dict[tuple, int] = {}
         self._dev_keys: list[torch.Tensor] = []  # device fold: every culprit key, per fold
         self._dev_outflags: list[torch.Tensor] = []  # device fold: "non-finite" per output screen

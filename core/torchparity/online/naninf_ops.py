@@ -21,6 +21,10 @@ from .naninf_rules import (_FINITE, _FLOAT, _INF, _NAN, _PENDING, _EXTERNAL, _ST
                            _inherits_into, _scalars_in_range, _tensors)
 
 
+#: screens remembered per storage written in place within a step (device path; see _aliasing)
+_MAX_WSCREENS = 64
+
+
 class OpChecks:
     """Mixin of :class:`~torchparity.online.naninf.NanInfTracker`: the checks of one op."""
 
@@ -58,6 +62,20 @@ class OpChecks:
                         self._remember(t, hit[4], hit[3], bump, ptr, version=vv)
                     else:  # a device screen for a CPU copy (or back): measured where it lives
                         self._remember(t, hit[4], None, bump, ptr, version=vv)
+                    if written and ptr is not None:
+                        # NaN/Inf of known creation sites copied into a tensor in place (``h[0, 3] =
+                        # log(-1)``): whoever reads that storage next reads those sites' values,
+                        # not a NaN/Inf that "entered" from nowhere (see ScreenMemo._entry)
+                        f = hit[3] if hit[3] is not _PENDING else self._entry(src)[3]  # resolved above
+                        if type(f) is int:
+                            if f >> 2:
+                                self._wsites[ptr] = self._wsites.get(ptr, 0) | (f >> 2)
+                        elif isinstance(f, torch.Tensor):  # the device path: the fold will tell
+                            ws = self._wscreens.setdefault(ptr, [])
+                            if len(ws) < _MAX_WSCREENS:
+                                ws.append(f)
+                            else:  # a long in-place history (a KV cache): lineage incomplete
+                                self._wtrunc.add(ptr)
                 elif t.numel():  # a narrowing cast: may overflow, so it is measured
                     if hit[3] is _PENDING:
                         self._resolve()

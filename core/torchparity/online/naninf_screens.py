@@ -136,6 +136,11 @@ class ScreenMemo:
             if m:  # a creation site wrote into this storage in place (``out[..., 3] = nan``)
                 e = (e[0], e[1], e[2], e[3] | (m << 2), self.current_step)
                 self._memo[t] = e
+        elif self._wscreens and type(e[3]) is not int:
+            ws = self._wscreens.get(e[1])
+            if ws:  # the device path: values copied into this storage in place; the lineage
+                # walk (SiteJudge._device_lineage) passes their sites on to this screen's readers
+                self._lin_alias[id(e[3])] = (e[3], list(ws), e[1] in self._wtrunc)
         return e
 
     def _remember(self, t: torch.Tensor, producer: int, fact: Any, bump: int, ptr: int | None = None,

@@ -134,6 +134,8 @@ class SiteJudge:
                 else:
                     p.ext_op.append(j)
                     p.ext_val.append(f)
+                    if id(f) in self._lin_alias:  # may hold values copied in place: their sites
+                        in_ids.append(id(f))
         out_ids = []
         for e in outs:
             f = e[3]
@@ -199,7 +201,8 @@ class SiteJudge:
         flags = torch.cat(self._dev_outflags).tolist() if self._dev_outflags else []
         culprits = {k // 2: ("Inf" if k % 2 else "NaN") for k in keys if k < _SENTINEL}
         lin = self._lin
-        if len(lin) != len(self._table) or sum(len(x[2]) for x in lin) != len(flags):
+        if len(lin) != len(self._table) or sum(len(x[2]) for x in lin) != len(flags) \
+                or any(a[2] for a in self._lin_alias.values()):  # an in-place history cut short
             for j, value in culprits.items():
                 seq, row = self._table[j]
                 self._harm |= 1 << self._site(seq, row, value)
@@ -207,9 +210,14 @@ class SiteJudge:
             return
         masks: dict[int, int] = {}
         k = 0
+        alias = self._lin_alias
         for j, (in_ids, m, out_ids, sink) in enumerate(lin):
             for i in in_ids:
                 m |= masks.get(i, 0)
+                a = alias.get(i)
+                if a is not None:  # a storage written in place with these screens' values
+                    for w in a[1]:
+                        m |= masks.get(id(w), 0)
             value = culprits.get(j)
             if value is not None:
                 seq, row = self._table[j]
@@ -224,6 +232,10 @@ class SiteJudge:
                 self._sink(m)
         for i in self._dev_out:
             m = masks.get(i, 0)
+            a = alias.get(i)
+            if a is not None:
+                for w in a[1]:
+                    m |= masks.get(id(w), 0)
             if m:
                 self._sink(m)
 
