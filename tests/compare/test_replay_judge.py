@@ -330,3 +330,38 @@ def test_zoo_cnn_x105_matmul_faults_are_named_and_the_clean_run_agrees(tmp_path:
         [inj] = _dump(spec, "bf16", tmp_path / where, level="aten", mode="tensor", faults=[fault])
         rc = torchparity.compare(str(tmp_path / where), str(tmp_path / "bench")).root_cause
         assert rc is not None and (rc.op, rc.module, rc.phase) == (inj.op, inj.module, phase), (where, rc)
+
+
+def _scaled(path: Path, factor: float, hook: bool) -> None:
+    """Two Linears, 2 SGD steps; the device run scales the first Linear's output by ``factor``:
+    a Python scalar outside any module (``hook=False``), or in a forward hook (an op the benchmark
+    does not run at all)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    if hook:
+        m[0].register_forward_hook(lambda mod, inp, out: out * factor)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    with torchparity.dump(str(path), model=m, level="aten", mode="tensor"):
+        for _ in range(2):
+            h = m[0](torch.randn(4, 8, generator=g))
+            if not hook:
+                h = h * factor
+            m[1](h).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_a_call_that_differs_on_identical_inputs_is_not_cleared(tmp_path: Path, hook: bool) -> None:
+    """Found by a new-user check (session 15): ``h * 1.05`` against ``h * 1.0`` (or an extra
+    ``* 1.05`` the benchmark does not run) on bitwise-equal inputs. The replay finds the kernel
+    right on its own recorded call and used to clear it as "arrived from upstream", leaving no
+    root cause (or "the runs agree", exit 0). Inputs that agree exactly cannot have brought the
+    divergence: the call itself differs, and it stays the root cause."""
+    _scaled(tmp_path / "bench", 1.0, hook)
+    _scaled(tmp_path / "dev", 1.05, hook)
+    res = torchparity.compare(str(tmp_path / "dev"), str(tmp_path / "bench"))
+    assert res.root_cause is not None
+    assert res.root_cause.op == "aten.mul.Tensor" and res.root_cause.step == 0 and res.root_cause.phase == "forward"
+    assert "the call itself differs" in res.root_cause.reason

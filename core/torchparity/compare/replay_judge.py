@@ -251,6 +251,15 @@ def replay_record(rec: Any, load: Any, *, tolerance_dtype: str | None = None,
     return CLEARED, f"{what}: the divergence arrived from upstream", err, tol, cpu_err, dtype
 
 
+def _same_inputs(cleared_reason: str) -> str:
+    """The verdict of a suspect whose replay found its kernel right but whose inputs agree with the
+    benchmark's exactly: nothing diverged upstream, so the call itself differs (a scalar argument,
+    an op the benchmark does not run, a different op); the replay cannot clear it."""
+    figures = cleared_reason.split(": the divergence arrived from upstream")[0]
+    return (f"{figures}: its kernel computed its own call correctly, but its inputs agree with the benchmark's, "
+            f"so the call itself differs (an argument, or an op the benchmark does not run)")
+
+
 def _f(x: float | None) -> str:
     if x is None:
         return "n/a"
@@ -357,6 +366,8 @@ def judge_suspects(dev_path: Any, pair_sus: Sequence[list[Suspect]], per_pair: S
                         v = replay_record(rec, loader.load, tolerance_dtype=tolerance_dtype, matmul_precision=mmp)
                     except DumpError as exc:  # an unreadable tensor file: say so, keep the verdict
                         v = (NOT_REPLAYED, f"cannot replay: {exc}; the statistics verdict stands", None, None, None, None)
+                    if v[0] == CLEARED and s.input_error == 0:
+                        v = (CONFIRMED, _same_inputs(v[1]),) + tuple(v[2:])
                 verdicts[id(s)] = Replay(s.name, s.op, s.module, s.phase, s.step, s.rank, s.index, v[0], v[1],
                                          v[2], v[3], v[4], v[5])
         kept = []
