@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import dataclasses
+from typing import Any, Iterator
 
 import click
 
@@ -95,9 +97,11 @@ def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: s
         reg = get_registry(plugins_file)
     else:
         reg = registry_from(ctx)
-    res = run_compare(device_dump, bench_dump, output_dir=output_dir, step=step, rank=rank, formats=formats,
-                      layer_mapping=layer_mapping, plugins=reg, threshold=threshold,
-                      tolerance_dtype=tolerance_dtype, workers=workers, allow_partial=allow_partial, replay=replay)
+    with _console_on_stderr(reg, as_json):  # --json: stdout holds the JSON alone
+        res = run_compare(device_dump, bench_dump, output_dir=output_dir, step=step, rank=rank, formats=formats,
+                          layer_mapping=layer_mapping, plugins=reg, threshold=threshold,
+                          tolerance_dtype=tolerance_dtype, workers=workers, allow_partial=allow_partial,
+                          replay=replay)
     s = res.summary
     if as_json:
         import json
@@ -116,6 +120,21 @@ def compare(ctx: click.Context, device_dump: str, bench_dump: str, output_dir: s
         click.echo(f"torchparity: error: {_incomplete(s)}", err=True)
         return EXIT_USAGE
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _console_on_stderr(reg: Any, on: bool) -> Iterator[None]:
+    """With ``on``, the console reporter ('log') prints to stderr for the block (then as before)."""
+    log = reg.reporters.get("log") if on else None
+    opts = getattr(log, "options", None)
+    if opts is None or not dataclasses.is_dataclass(opts) or getattr(opts, "stream", "stderr") == "stderr":
+        yield
+        return
+    log.options = dataclasses.replace(opts, stream="stderr")
+    try:
+        yield
+    finally:
+        log.options = opts
 
 
 def _incomplete(s: dict[str, Any]) -> str:
