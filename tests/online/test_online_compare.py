@@ -199,3 +199,33 @@ def test_nan_the_reference_holds_too_is_information_not_a_warning(caplog: pytest
               if r.getMessage().startswith(("[torchparity:naninf]", "[torchparity:error]"))}
     assert levels["[torchparity:naninf] Aten.add.0.forward"] == logging.INFO
     assert any(k.startswith("[torchparity:error]") and v == logging.WARNING for k, v in levels.items())
+
+
+def test_a_float32_mask_constant_that_overflows_bfloat16_is_no_failure() -> None:
+    """Found by a new-user check (session 15) on an HF Llama: its causal mask fills with
+    finfo(float32).min, which is -inf in bfloat16 on every device. The emulated bf16 device failed
+    scalar_tensor and where as "NaN/Inf positions differ" although the same-dtype reference is -inf
+    at the same positions. A device that overflows where the same-dtype reference does not still
+    fails."""
+    lo = torch.finfo(torch.float32).min
+
+    def masked(x: torch.Tensor) -> torch.Tensor:
+        fill = torch.scalar_tensor(lo, dtype=x.dtype)
+        return torch.where(x > 0, x, fill)
+
+    with emulate(dtype="bfloat16"):
+        with CompareWithReference() as c:
+            masked(torch.randn(4, 8))
+    assert c.failures == []
+
+    from torchparity_checker_allclose import AllcloseChecker
+
+    chk = AllcloseChecker()
+    chk.configure({})
+    high = torch.tensor([1.0, lo, 2.0], dtype=torch.float64)
+    same = torch.tensor([1.0, lo, 2.0]).to(torch.bfloat16)  # [1, -inf, 2]
+    ok = chk.check_tensors(same.clone(), high, reference_same_dtype=same, reference_high=high)
+    assert ok.verdict == "pass", ok
+    wrong = torch.tensor([1.0, float("-inf"), float("-inf")], dtype=torch.bfloat16)  # the last -inf is wrong
+    bad = chk.check_tensors(wrong, high, reference_same_dtype=same, reference_high=high)
+    assert bad.verdict == "error" and "NaN/Inf positions" in bad.reason
