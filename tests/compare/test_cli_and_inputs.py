@@ -214,3 +214,49 @@ def test_output_dir_check_survives_ranks_checking_the_same_new_directory_at_once
     for t in threads:
         t.join()
     assert not errors, errors[:1]
+
+
+def test_dumps_of_different_models_whose_ops_pair_up_are_refused(tmp_path):
+    """Found by a new-user check (session 15): a BERT dump against a Llama dump (or GPT-2 against
+    BERT) paired most ops by kind and reported a root cause, exit 1. The same ops under other
+    module names are another model: exit 2 with what to do; a wrapper's prefix (DDP's
+    ``module.``) is still the same model."""
+    import torch
+    from torch import nn
+
+    class Named(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc, self.act, self.dec = nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.dec(self.act(self.enc(x)))
+
+    class Wrapped(nn.Module):  # DDP-like: the same model under "module."
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.module = inner
+
+        def forward(self, x):
+            return self.module(x)
+
+    def run(path, model):
+        torch.manual_seed(0)
+        x = torch.randn(4, 8)
+        with torchparity.dump(str(path), model=model, level="aten"):
+            for _ in range(3):
+                model(x).sum().backward()
+
+    torch.manual_seed(1)
+    seq = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    torch.manual_seed(1)
+    named = Named()
+    run(tmp_path / "seq", seq)
+    run(tmp_path / "named", named)
+    with pytest.raises(DumpError, match="different models"):
+        torchparity.compare(str(tmp_path / "seq"), str(tmp_path / "named"))
+    code, out = run_cli(["compare", str(tmp_path / "seq"), str(tmp_path / "named")])
+    assert code == 2 and "share a module path" in out
+    torch.manual_seed(1)
+    run(tmp_path / "wrapped", Wrapped(Named()))
+    assert torchparity.compare(str(tmp_path / "wrapped"), str(tmp_path / "named")).root_cause is None

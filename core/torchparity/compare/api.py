@@ -27,6 +27,7 @@ from .rows import MIN_PAIRED_FRACTION  # noqa: F401  (re-exported: the documente
 from .rows import add_tensor_metrics as _add_tensor_metrics
 from .rows import build_rows as _build_rows
 from .rows import check_same_computation as _check_same_computation
+from .rows import check_same_modules as _check_same_modules
 from .rows import check_same_shapes as _check_same_shapes
 from .summary import incomplete_warnings, report, summary
 
@@ -358,6 +359,7 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
         pairs = matching.match_records(d, b, mapping)
         reads_inputs = set()
     _check_same_computation(pairs, step, rank)
+    _check_same_modules(pairs, d, b, step, rank, mapping)
     both = matching.pair_rows(d, b, pairs)
     _check_same_shapes(both, step, rank)
     rows = _build_rows(both, step, rank)

@@ -33,6 +33,38 @@ def check_same_computation(pairs: Any, step: int, rank: int) -> None:
             f"do not record the same computation (different model, dump level or filters?) - dump both runs the same way")
 
 
+#: below this fraction of paired records (both inside a module) whose module paths agree, the dumps
+#: are of different models (paths agree when equal or when one ends with the other: a DDP/FSDP or
+#: torch.compile wrapper adds a prefix)
+MIN_SAME_MODULE_FRACTION = 0.1
+
+
+def check_same_modules(pairs: Any, d: Any, b: Any, step: int, rank: int, mapping: Any) -> None:
+    """Refuse dumps of different models whose op sequences happen to pair up (a BERT and a
+    Llama both run matmuls, adds and softmaxes): paired records almost never share a module path.
+    Skipped with a layer mapping (the user says the names differ)."""
+    if mapping:
+        return
+    p = pairs[(pairs["dev_rid"] >= 0) & (pairs["bench_rid"] >= 0) & (pairs["match"] != "unmatched")]
+    if len(p) < 20 or "module" not in d or "module" not in b:
+        return
+    dm = d.drop_duplicates("record_id").set_index("record_id")["module"]
+    bm = b.drop_duplicates("record_id").set_index("record_id")["module"]
+    md = dm.reindex(p["dev_rid"].to_numpy()).fillna("").astype(str).to_numpy(dtype=object)
+    mb = bm.reindex(p["bench_rid"].to_numpy()).fillna("").astype(str).to_numpy(dtype=object)
+    known = (md != "") & (mb != "")
+    n = int(known.sum())
+    if n < 20:
+        return
+    same = sum(1 for x, y in zip(md[known], mb[known]) if x == y or x.endswith("." + y) or y.endswith("." + x))
+    if same < MIN_SAME_MODULE_FRACTION * n:
+        first = int(np.flatnonzero(known)[0])
+        raise DumpError(
+            f"step{step}/rank{rank}: the records pair up by op, but only {same} of {n} pairs share a module path "
+            f"(first: device '{md[first]}', bench '{mb[first]}'); these dumps are of different models - compare "
+            f"runs of the same model, or pass --layer-mapping if the same model names its modules differently")
+
+
 def check_same_shapes(both: Any, step: int, rank: int) -> None:
     """Refuse pairs of dumps whose paired records mostly disagree on tensor shapes (another model
     size, another batch): every row would be an error and the root cause meaningless."""
