@@ -25,6 +25,9 @@ def describe_dump(path: str) -> dict[str, Any]:
         backend = header.get("backend") if isinstance(header.get("backend"), dict) else {}
         error = footer.get("error") if footer else None
         state = read_footer(u.path, f"step{u.step}/rank{u.rank}").state if u.format == "torchparity" else None
+        lost = damage(warnings)
+        if state is None and lost and u.format == "torchparity":  # closed cleanly, damaged since
+            state = "damaged after a clean close, see lost"
         units.append({
             "step": u.step, "rank": u.rank,
             "records": int(df["record_id"].nunique()) if len(df) else 0,
@@ -35,7 +38,7 @@ def describe_dump(path: str) -> dict[str, Any]:
             "device": backend.get("device_name") or backend.get("backend"),
             "emulated": bool(backend.get("emulation")),
             "torch": backend.get("torch_version"),
-            "lost": damage(warnings), "warnings": [w for w in warnings if w not in damage(warnings)],
+            "lost": lost, "warnings": [w for w in warnings if w not in lost],
         })
     return {"path": str(reader.path), "format": reader.format, "steps": reader.steps,
             "units": units, "warnings": list(reader.warnings)}
