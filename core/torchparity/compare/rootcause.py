@@ -181,6 +181,11 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     if int_out.any():
         chose = r.assign(c=int_out).groupby("rid")["c"].any().reindex(rec_ids).fillna(False).to_numpy(dtype=bool)
         fam = np.where(chose & (fam != "cast"), "selection", fam)
+    # a product with a 0/s mask the two runs share (dropout's mask): it selects a subset of the
+    # other input, whose errors no longer cancel in the statistics (softmax rows that summed to 1)
+    masked = _mask_products(rows, dev, r, is_in, rec_ids, fam)
+    if masked.any():
+        fam = np.where(masked, "selection", fam)
     if "phase" in recs:  # every optimizer update divides by a data-dependent denominator
         fam = np.where((recs["phase"].to_numpy(dtype=object) == "optimizer") & (fam != "cast"), "ill_conditioned", fam)
     nf_out = (r.assign(nf=rows["nonfinite_mismatch"].fillna(False).to_numpy(dtype=bool)[dev])[is_out]
@@ -417,6 +422,39 @@ def _flow(r: Any, err: np.ndarray, is_in: Any, is_out: Any, rec_ids: np.ndarray,
         carried[np.flatnonzero(has_fwd)[ok]] = saved[j[ok].astype(int)]
         i_err = np.where(np.isnan(carried), i_err, np.fmax(i_err, carried))
     return o_err, i_err, ins
+
+
+_MASK_PRODUCTS = frozenset({"mul", "mul_"})
+
+
+def _mask_products(rows: Any, dev: np.ndarray, r: Any, is_in: Any, rec_ids: np.ndarray,
+                   fam: np.ndarray) -> np.ndarray:
+    """Per record: a ``mul`` one of whose tensor inputs is a mask both runs share (identical: error
+    0; min 0 and max > 0 on both sides, as dropout's ``bernoulli / (1 - p)``) while another input
+    differs. Found by a new-user check on a clean T5 in bf16 against fp32 (session 15): its
+    attention dropout's product was blamed, amplified 14.7x, because the softmax rows' exact sums
+    (an exact mean) stop holding on the masked subset."""
+    import pandas as pd
+
+    out = np.zeros(len(rec_ids), dtype=bool)
+    if "device_min" not in rows or "bench_min" not in rows:
+        return out
+    cand = np.fromiter((error_model.op_stem(o) in _MASK_PRODUCTS for o in
+                        rows[dev].drop_duplicates("d_record_id").set_index("d_record_id")
+                        .reindex(rec_ids)["op"].to_numpy(dtype=object)), dtype=bool, count=len(rec_ids)) \
+        & (fam == "elementwise")
+    if not cand.any():
+        return out
+    dmin = pd.to_numeric(rows["device_min"], errors="coerce").to_numpy(dtype="float64")[dev]
+    bmin = pd.to_numeric(rows["bench_min"], errors="coerce").to_numpy(dtype="float64")[dev]
+    dmax = pd.to_numeric(rows["device_max"], errors="coerce").to_numpy(dtype="float64")[dev]
+    err = r["err"].to_numpy(dtype="float64")
+    inp = is_in.to_numpy()
+    mask_in = inp & r["matched"].to_numpy() & (err == 0) & (dmin == 0) & (bmin == 0) & (dmax > 0)
+    other = inp & (np.nan_to_num(err, nan=0.0) > 0)
+    g = pd.DataFrame({"rid": r["rid"].to_numpy(), "m": mask_in, "o": other}).groupby("rid")[["m", "o"]].any()
+    g = g.reindex(rec_ids).fillna(False)
+    return cand & g["m"].to_numpy(dtype=bool) & g["o"].to_numpy(dtype=bool)
 
 
 def _cancelled_outputs(r: Any, norm: np.ndarray, is_out: Any, backward: Any) -> np.ndarray:
