@@ -223,8 +223,10 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         cancelling = cancelling | sink
         in_n = r.assign(n=nel)[is_in].groupby("rid")["n"].max().reindex(rec_ids).to_numpy()
         red = grad_sinks.reduction_allowance(recs, sink, in_n, out_n)
+        summed = grad_sinks.sum_allowance(recs, sink, r, rows, dev, is_in, is_out, red)
     else:
         red = np.ones(len(rec_ids))
+        summed = np.ones(len(rec_ids))
     floor = r.groupby("rid")["floor"].max().reindex(rec_ids).to_numpy()
     args_differ = recs["args_differ"].to_numpy(dtype=bool) if "args_differ" in recs else np.zeros(len(rec_ids), bool)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -253,6 +255,9 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         a_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf), floor * agg_frac * red),
                         np.nan_to_num(i_el, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
                                                                  1.0 / np.sqrt(np.fmax(np.nan_to_num(out_n, nan=1.0), 1.0))))
+        # a bias gradient of a module-level dump sums its module's output gradient: its error can
+        # reach sqrt(m) ||input|| / ||bias grad|| times the input's (grad_sinks.sum_allowance)
+        a_den = np.where(summed > 1.0, np.fmax(a_den, np.nan_to_num(i_err, nan=0.0) * summed), a_den)
         s_agg = np.where(np.isinf(o_agg) & np.isinf(a_den), np.nan, o_agg / a_den)
         # cancelling ops (normalisations, reductions, weight/bias gradients): the aggregate channel
         # only (measured against what went into them); a NaN/Inf created stays a finding
