@@ -153,26 +153,16 @@ def test_clean_t5_with_dropout_in_bf16_against_fp32_blames_no_dropout_product(tm
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    def run(path, bf16: bool) -> None:
-        torch.manual_seed(0)
+    def make():
         cfg = T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=256,
                        decoder_start_token_id=0)
-        m = T5ForConditionalGeneration(cfg)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-        with torchparity.dump(str(path), model=m, level="aten"):
-            for s in range(2):  # the dropout masks: the global generator after the same init
-                g = torch.Generator().manual_seed(s + 1)
-                ids = torch.randint(0, 256, (2, 16), generator=g)
-                labels = torch.randint(0, 256, (2, 8), generator=g)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    loss = m(input_ids=ids, labels=labels).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
+        return T5ForConditionalGeneration(cfg)
 
-    run(tmp_path / "fp32", False)
-    run(tmp_path / "bf16", True)
-    res = torchparity.compare(str(tmp_path / "bf16"), str(tmp_path / "fp32"))
+    def loss(m, g):  # the dropout masks: the global generator after the same init
+        ids, labels = torch.randint(0, 256, (2, 16), generator=g), torch.randint(0, 256, (2, 8), generator=g)
+        return m(input_ids=ids, labels=labels).loss
+
+    res = _bf16_against_fp32(tmp_path, make, loss, "aten")
     assert res.root_cause is None, res.root_cause
 
 
@@ -186,22 +176,32 @@ def test_clean_cnn_with_batchnorm_in_bf16_against_fp32_has_no_root_cause(tmp_pat
     import torch
     from torch import nn
 
-    def run(path, bf16: bool) -> None:
+    def make():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                             nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+    def loss(m, g):
+        x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)
+        return nn.functional.cross_entropy(m(x), y)
+
+    res = _bf16_against_fp32(tmp_path, make, loss, level)
+    assert res.root_cause is None, res.root_cause
+
+
+def _bf16_against_fp32(tmp_path, make, loss, level: str):
+    """Two AdamW steps of ``make()`` (seed 0) dumped at ``level``, under bf16 autocast and in fp32
+    (batches from generators seeded 1, 2), compared."""
+    import torch
+
+    for name, bf16 in (("fp32", False), ("bf16", True)):
         torch.manual_seed(0)
-        m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
-                          nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+        m = make()
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-        with torchparity.dump(str(path), model=m, level=level):
+        with torchparity.dump(str(tmp_path / name), model=m, level=level):
             for s in range(2):
-                g = torch.Generator().manual_seed(s + 1)
-                x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    loss = nn.functional.cross_entropy(m(x), y)
-                loss.backward()
+                    value = loss(m, torch.Generator().manual_seed(s + 1))
+                value.backward()
                 opt.step()
                 opt.zero_grad()
-
-    run(tmp_path / "fp32", False)
-    run(tmp_path / "bf16", True)
-    res = torchparity.compare(str(tmp_path / "bf16"), str(tmp_path / "fp32"))
-    assert res.root_cause is None, res.root_cause
+    return torchparity.compare(str(tmp_path / "bf16"), str(tmp_path / "fp32"))
