@@ -205,3 +205,39 @@ def _bf16_against_fp32(tmp_path, make, loss, level: str):
                 opt.step()
                 opt.zero_grad()
     return torchparity.compare(str(tmp_path / "bf16"), str(tmp_path / "fp32"))
+
+
+@pytest.mark.parametrize("mask_value", [1.0, 1.0 / 0.9])
+def test_a_fault_in_a_product_with_a_shared_mask_is_still_named(tmp_path, mask_value):
+    """Found by the session-15 review: the dropout-mask rule first judged every product with a
+    shared 0/s mask as a selection, so a planted x1.05 (even x2) in ``h * padding_mask`` was no
+    root cause. A 0/1 mask keeps the product fully judged; a scaled (dropout) mask loses only the
+    aggregate channel, and a x2 fault shows in the extreme one."""
+    import torch
+    from torch import nn
+    from torchparity_backend_emulated import Fault, emulate
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+
+        def forward(self, x, mask):
+            return self.fc2(torch.tanh(self.fc1(x)) * mask)
+
+    def run(path, dtype, faults=()):
+        torch.manual_seed(0)
+        m = Net()
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+        mask = ((torch.arange(8) < 5).float() * mask_value)[:, None].expand(8, 32).contiguous()
+        with emulate(dtype=dtype, faults=list(faults)):
+            with torchparity.dump(str(path), model=m, level="aten"):
+                m(x, mask).pow(2).mean().backward()
+
+    run(tmp_path / "bench", None)
+    run(tmp_path / "clean", "bfloat16")
+    assert torchparity.compare(str(tmp_path / "clean"), str(tmp_path / "bench")).root_cause is None
+    factor = 1.05 if mask_value == 1.0 else 2.0
+    run(tmp_path / "dev", "bfloat16", [Fault(op="aten.mul.Tensor", phase="forward", call=0, factor=factor)])
+    rc = torchparity.compare(str(tmp_path / "dev"), str(tmp_path / "bench")).root_cause
+    assert rc is not None and rc.name == "Aten.mul.0.forward", rc

@@ -220,3 +220,50 @@ def test_a_finite_value_copied_in_place_leaves_a_clean_model_clean(device_path: 
         m(torch.randn(2, 4)).sum().backward()
         t.step()
     assert t.findings == [] and t.absorbed == []
+
+
+class _AbsorbedInf(torch.nn.Module):
+    """log of a 0/1 mask (-inf where masked), absorbed by softmax: a creation site, never harmful."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        mask = torch.tensor([[1.0, 1.0, 0.0, 0.0]]).expand(h.shape[0], 4)
+        return torch.softmax(h + torch.log(mask), -1)
+
+
+class _LongCache(torch.nn.Module):
+    """More in-place copies into one storage than the device lineage remembers (a KV cache);
+    with ``nan_at`` one of them copies a NaN that log creates."""
+
+    def __init__(self, nan_at: int | None) -> None:
+        super().__init__()
+        self.nan_at = nan_at
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        buf = torch.zeros(h.shape[0], 8)
+        for i in range(100):
+            v = torch.tanh(h[:, i % 4])
+            if i == self.nan_at:
+                v = v + torch.log(torch.tensor(-1.0))
+            buf[:, i % 8] = v
+        return buf
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_a_long_in_place_history_neither_invents_nor_hides_a_finding(device_path: bool) -> None:
+    """Found by the session-15 review: past 64 in-place copies into one storage the device path
+    called every creation site of the step harmful, so a softmax-absorbed -inf became a finding on
+    a clean model. Now only a non-finite value from such a storage reaching a sink does that; a NaN
+    copied late into the long history (past what is remembered) that reaches the loss is still a
+    finding; one overwritten by a later copy is no finding."""
+    for nan_at, want in ((None, []), (99, ["aten.log.default"]), (5, [])):  # 5: overwritten later
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), _AbsorbedInf(), _LongCache(nan_at), torch.nn.Linear(8, 1))
+        t = NanInfTracker(m)
+        t._host_read = not device_path
+        with t:
+            m(torch.randn(2, 4)).sum().backward()
+            t.step()
+        found = [f.op for f in t.findings if f.op == "aten.log.default" and f.module == "2"]
+        assert found == want, (nan_at, [(f.op, f.module) for f in t.findings])
+        if nan_at is None:
+            assert t.findings == [] and [(f.op, f.module) for f in t.absorbed] == [("aten.log.default", "1")]

@@ -56,13 +56,28 @@ def check_same_modules(pairs: Any, d: Any, b: Any, step: int, rank: int, mapping
     n = int(known.sum())
     if n < 20:
         return
-    same = sum(1 for x, y in zip(md[known], mb[known]) if x == y or x.endswith("." + y) or y.endswith("." + x))
+    same = sum(1 for x, y in zip(md[known], mb[known]) if _same_path(x, y))
     if same < MIN_SAME_MODULE_FRACTION * n:
         first = int(np.flatnonzero(known)[0])
         raise DumpError(
             f"step{step}/rank{rank}: the records pair up by op, but only {same} of {n} pairs share a module path "
             f"(first: device '{md[first]}', bench '{mb[first]}'); these dumps are of different models - compare "
             f"runs of the same model, or pass --layer-mapping if the same model names its modules differently")
+
+
+#: path segments that wrappers insert (activation checkpointing, FSDP1, torch.compile)
+_WRAPPER_SEGMENTS = frozenset({"_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_orig_mod",
+                               "_offload_wrapped_module"})
+
+
+def _same_path(x: str, y: str) -> bool:
+    """Module paths of the same module in two runs: equal once wrapper segments are dropped, or one
+    ending with the other (a DDP ``module.`` prefix)."""
+    if x == y:
+        return True
+    x = ".".join(p for p in x.split(".") if p not in _WRAPPER_SEGMENTS)
+    y = ".".join(p for p in y.split(".") if p not in _WRAPPER_SEGMENTS)
+    return x == y or x.endswith("." + y) or y.endswith("." + x)
 
 
 def check_same_shapes(both: Any, step: int, rank: int) -> None:

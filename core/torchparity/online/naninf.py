@@ -322,6 +322,7 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
         self._wscreens: dict[int, list[torch.Tensor]] = {}
         self._lin_alias: dict[int, tuple[torch.Tensor, list[torch.Tensor], bool]] = {}
         self._wtrunc: set[int] = set()  # storages written in place more often than remembered
+        self._lineage_cut = False  # such a storage's NaN/Inf reached a sink (SiteJudge._device_lineage)
         self._site_ix: dict[tuple, int] = {}
         self._dev_keys: list[torch.Tensor] = []  # device fold: every culprit key, per fold
         self._dev_outflags: list[torch.Tensor] = []  # device fold: "non-finite" per output screen

@@ -182,7 +182,9 @@ class SiteJudge:
                         entered = (seq, row)
             sites = list(self._sites)
             harm = self._harm
-            if not self._sunk or (self._lost and entered is None):
+            # (a read of an in-place history too long to remember looks "entered": its NaN/Inf
+            # may be any site's, so every site is harmful then, not the read)
+            if not self._sunk or (self._lost and (entered is None or self._lineage_cut)):
                 harm = (1 << len(sites)) - 1
             found = sorted((x for i, x in enumerate(sites) if harm >> i & 1), key=lambda x: x[0])
             absorbed = sorted((x for i, x in enumerate(sites) if not harm >> i & 1), key=lambda x: x[0])
@@ -201,23 +203,28 @@ class SiteJudge:
         flags = torch.cat(self._dev_outflags).tolist() if self._dev_outflags else []
         culprits = {k // 2: ("Inf" if k % 2 else "NaN") for k in keys if k < _SENTINEL}
         lin = self._lin
-        if len(lin) != len(self._table) or sum(len(x[2]) for x in lin) != len(flags) \
-                or any(a[2] for a in self._lin_alias.values()):  # an in-place history cut short
+        if len(lin) != len(self._table) or sum(len(x[2]) for x in lin) != len(flags):
             for j, value in culprits.items():
                 seq, row = self._table[j]
                 self._harm |= 1 << self._site(seq, row, value)
             self._sunk = True
             return
         masks: dict[int, int] = {}
+        # screens that may hold NaN/Inf of sites the walk cannot name (a storage written in place
+        # more often than remembered, _MAX_WSCREENS): reaching a sink non-finite, every site is harmful
+        unknown: set[int] = set()
         k = 0
         alias = self._lin_alias
         for j, (in_ids, m, out_ids, sink) in enumerate(lin):
+            u = False
             for i in in_ids:
                 m |= masks.get(i, 0)
+                u = u or i in unknown
                 a = alias.get(i)
                 if a is not None:  # a storage written in place with these screens' values
                     for w in a[1]:
                         m |= masks.get(id(w), 0)
+                    u = u or a[2]
             value = culprits.get(j)
             if value is not None:
                 seq, row = self._table[j]
@@ -227,8 +234,13 @@ class SiteJudge:
                 b = flags[k]
                 k += 1
                 masks[o] = m if b else 0
+                if u and b:
+                    unknown.add(o)
                 bad = bad or b
             if sink and bad:
+                if u:  # NaN/Inf the walk lost track of reached a sink: every site is harmful
+                    self._sink(0)
+                    self._lineage_cut = True
                 self._sink(m)
         for i in self._dev_out:
             m = masks.get(i, 0)
@@ -238,6 +250,9 @@ class SiteJudge:
                     m |= masks.get(id(w), 0)
             if m:
                 self._sink(m)
+            if i in unknown:
+                self._sink(0)
+                self._lineage_cut = True
 
     def _finding(self, kind: str, seq: int, row: tuple, value: str) -> NanInfFinding:
         prefix, base, call, op, module, module_class, phase = row
