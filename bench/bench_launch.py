@@ -167,7 +167,7 @@ def run_model(which: str, root: str, rounds: int, warmup: int, steps: int, devic
         counts[name] = []
         configs[name] = (lambda lv=level, md=mode, c=counts[name]: _Dump(root, bench, lv, md, c))
     name = "lean Python floor (aten + statistics)"
-    if not only or name in only:
+    if (not only or name in only) and device == "cpu":  # host statistics: a CPU reference only
         counts[name] = []
         configs[name] = lambda c=counts[name]: _Lean(root, bench, c)
     n_ops = count_aten_ops(bench)
