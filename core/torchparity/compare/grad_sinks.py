@@ -44,13 +44,20 @@ def judged_sinks(recs: Any, grad_only: np.ndarray) -> np.ndarray:
     return grad_only & ok
 
 
+def _module_backward(recs: Any, sink: np.ndarray) -> np.ndarray:
+    """Per record: a module-level backward record (not a gradient sink): what a module's parameter
+    gradients were computed from."""
+    return (recs["phase"].to_numpy(dtype=object) == "backward") & (recs["level"].to_numpy(dtype=object) == "module") \
+        & ~sink
+
+
 def inherit(recs: Any, sink: np.ndarray, *errors: np.ndarray) -> list[np.ndarray]:
     """Each error array with the ``sink`` records' entries replaced by the largest entry of their
     module's backward module records (the errors those records read)."""
     import pandas as pd
 
     module = recs["module"].astype(str).to_numpy(dtype=object)
-    src = (recs["phase"].to_numpy(dtype=object) == "backward") & (recs["level"].to_numpy(dtype=object) == "module") & ~sink
+    src = _module_backward(recs, sink)
     out = []
     for e in errors:
         best = pd.Series(np.where(src, e, np.nan)).groupby(module).max()
@@ -83,7 +90,7 @@ def reduction_allowance(recs: Any, sink: np.ndarray, in_n: np.ndarray, out_n: np
     import pandas as pd
 
     module = recs["module"].astype(str).to_numpy(dtype=object)
-    src = (recs["phase"].to_numpy(dtype=object) == "backward") & (recs["level"].to_numpy(dtype=object) == "module") & ~sink
+    src = _module_backward(recs, sink)
     big = pd.Series(np.where(src, in_n, np.nan)).groupby(module).max().reindex(module).to_numpy(dtype="float64")
     with np.errstate(divide="ignore", invalid="ignore"):
         m = np.nan_to_num(big / out_n, nan=1.0, posinf=1.0)
@@ -115,8 +122,7 @@ def sum_allowance(recs: Any, sink: np.ndarray, r: Any, rows: Any, dev: np.ndarra
     if not is_bias.any():
         return out
     module = recs["module"].astype(str).to_numpy(dtype=object)
-    src_rec = (recs["phase"].to_numpy(dtype=object) == "backward") & \
-        (recs["level"].to_numpy(dtype=object) == "module") & ~sink
+    src_rec = _module_backward(recs, sink)
     src_rows = pd.Series(src_rec, index=rec_ids).reindex(rid).fillna(False).to_numpy(dtype=bool) & is_in.to_numpy()
     mod_of_row = pd.Series(module, index=rec_ids).reindex(rid).to_numpy(dtype=object)
     in_norm = pd.Series(np.where(src_rows, norm, np.nan)).groupby(mod_of_row).max()

@@ -58,6 +58,8 @@ _MATMUL_EPS = {"high": 2.0 ** -10, "medium": 2.0 ** -7}
 _MATMULS = ("mm", "matmul", "linear", "addmm", "bmm", "baddbmm", "addbmm", "conv", "convolution", "_scaled_dot")
 
 CONFIRMED, CLEARED, NOT_REPLAYED = "confirmed", "cleared", "not replayed"
+#: the end of a cleared replay's reason (``_same_inputs`` takes it off again)
+_UPSTREAM = ": the divergence arrived from upstream"
 
 
 @dataclass
@@ -248,14 +250,14 @@ def replay_record(rec: Any, load: Any, *, tolerance_dtype: str | None = None,
         what += f" ({note})"
     if err > tol:
         return CONFIRMED, f"{what}: this op introduced the error", err, tol, cpu_err, dtype
-    return CLEARED, f"{what}: the divergence arrived from upstream", err, tol, cpu_err, dtype
+    return CLEARED, f"{what}{_UPSTREAM}", err, tol, cpu_err, dtype
 
 
 def _same_inputs(cleared_reason: str) -> str:
     """The verdict of a suspect whose replay found its kernel right but whose inputs agree with the
     benchmark's exactly: nothing diverged upstream, so the call itself differs (a scalar argument,
     an op the benchmark does not run, a different op); the replay cannot clear it."""
-    figures = cleared_reason.split(": the divergence arrived from upstream")[0]
+    figures = cleared_reason.split(_UPSTREAM)[0]
     return (f"{figures}: its kernel computed its own call correctly, but its inputs agree with the benchmark's, "
             f"so the call itself differs (an argument, or an op the benchmark does not run)")
 

@@ -184,7 +184,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     # a product with a 0/s mask the two runs share (dropout's mask): it selects a subset of the
     # other input, whose errors no longer cancel in its norm and mean (softmax rows that summed to
     # 1): its aggregate channel is not scored, its extreme channel is (a fault scales the kept values)
-    masked = _mask_products(rows, dev, r, is_in, rec_ids, fam)
+    masked = _mask_products(rows, dev, r, is_in, recs, fam)
     if "phase" in recs:  # every optimizer update divides by a data-dependent denominator
         fam = np.where((recs["phase"].to_numpy(dtype=object) == "optimizer") & (fam != "cast"), "ill_conditioned", fam)
     nf_out = (r.assign(nf=rows["nonfinite_mismatch"].fillna(False).to_numpy(dtype=bool)[dev])[is_out]
@@ -432,8 +432,7 @@ def _flow(r: Any, err: np.ndarray, is_in: Any, is_out: Any, rec_ids: np.ndarray,
 _MASK_PRODUCTS = frozenset({"mul", "mul_"})
 
 
-def _mask_products(rows: Any, dev: np.ndarray, r: Any, is_in: Any, rec_ids: np.ndarray,
-                   fam: np.ndarray) -> np.ndarray:
+def _mask_products(rows: Any, dev: np.ndarray, r: Any, is_in: Any, recs: Any, fam: np.ndarray) -> np.ndarray:
     """Per record: a ``mul`` one of whose tensor inputs is a scaled mask both runs share (identical:
     error 0; min 0 and max > 1 on both sides, as dropout's ``bernoulli / (1 - p)``) while another input
     differs. Found by a new-user check on a clean T5 in bf16 against fp32 (session 15): its
@@ -442,13 +441,13 @@ def _mask_products(rows: Any, dev: np.ndarray, r: Any, is_in: Any, rec_ids: np.n
     fault in such a product (a padding mask's, x1.05) still shows in its extreme channel."""
     import pandas as pd
 
+    rec_ids = recs.index.to_numpy()
     out = np.zeros(len(rec_ids), dtype=bool)
     if "device_min" not in rows or "bench_min" not in rows:
         return out
-    cand = np.fromiter((error_model.op_stem(o) in _MASK_PRODUCTS for o in
-                        rows[dev].drop_duplicates("d_record_id").set_index("d_record_id")
-                        .reindex(rec_ids)["op"].to_numpy(dtype=object)), dtype=bool, count=len(rec_ids)) \
-        & (fam == "elementwise")
+    ops = recs["op"].to_numpy(dtype=object)
+    is_mul = {o: error_model.op_stem(o) in _MASK_PRODUCTS for o in pd.unique(ops)}  # one decision per name
+    cand = np.fromiter((is_mul[o] for o in ops), dtype=bool, count=len(ops)) & (fam == "elementwise")
     if not cand.any():
         return out
     dmin = pd.to_numeric(rows["device_min"], errors="coerce").to_numpy(dtype="float64")[dev]

@@ -215,16 +215,24 @@ class SiteJudge:
         unknown: set[int] = set()
         k = 0
         alias = self._lin_alias
+
+        def sites_of(i: int) -> tuple[int, bool]:
+            """(sites screen ``i`` may carry, may it carry sites no one can name); a screen of a
+            storage written in place carries what was copied into it"""
+            m, u = masks.get(i, 0), i in unknown
+            a = alias.get(i)
+            if a is not None:
+                for w in a[1]:
+                    m |= masks.get(id(w), 0)
+                u = u or a[2]
+            return m, u
+
         for j, (in_ids, m, out_ids, sink) in enumerate(lin):
             u = False
             for i in in_ids:
-                m |= masks.get(i, 0)
-                u = u or i in unknown
-                a = alias.get(i)
-                if a is not None:  # a storage written in place with these screens' values
-                    for w in a[1]:
-                        m |= masks.get(id(w), 0)
-                    u = u or a[2]
+                mi, ui = sites_of(i)
+                m |= mi
+                u = u or ui
             value = culprits.get(j)
             if value is not None:
                 seq, row = self._table[j]
@@ -243,11 +251,7 @@ class SiteJudge:
                     self._lineage_cut = True
                 self._sink(m)
         for i in self._dev_out:
-            m = masks.get(i, 0)
-            a = alias.get(i)
-            if a is not None:
-                for w in a[1]:
-                    m |= masks.get(id(w), 0)
+            m, _ = sites_of(i)
             if m:
                 self._sink(m)
             if i in unknown:
