@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="bench", choices=["bench", "llama1b"],
                     help="bench (default) or llama1b (HF Llama ~1 B, bf16, batch 1x1024: for a GPU)")
     ap.add_argument("--batch", type=int, default=1, help="sequences per step of llama1b (default 1)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="profile the bench model compiled with torchparity.compile_backend (Inductor inside) "
+                         "against the same model compiled with plain Inductor")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -49,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         b: Any = LlamaBench(a.device, hidden=2048, layers=16, seq=1024, batch=a.batch, dtype=torch.bfloat16)
     else:
         b = Bench(a.device)
+    cap = None
+    if a.compiled:
+        from bench_compile import _make
+
+        eager = b.model
+        b.model, _ = _make(b, False, tempfile.mkdtemp())
     for _ in range(3):
         b.step()
     b.sync()
@@ -58,8 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     b.sync()
     off = (time.perf_counter() - t0) / a.steps
     with tempfile.TemporaryDirectory() as d:
-        tool = torchparity.NanInfTracker(b.model) if a.naninf else \
-            torchparity.dump(d, level=a.level, mode=a.mode, model=b.model)
+        if a.compiled:
+            b.model = eager
+            b.model, cap = _make(b, True, d)
+            for _ in range(2):  # compile, then warm
+                b.step()
+            tool: Any = _Closing(cap)
+        else:
+            tool = torchparity.NanInfTracker(b.model) if a.naninf else \
+                torchparity.dump(d, level=a.level, mode=a.mode, model=b.model)
         tool.start()
         b.step()
         b.sync()
@@ -74,10 +90,23 @@ def main(argv: list[str] | None = None) -> int:
         pr.disable()
         on = (time.perf_counter() - t0) / a.steps
         tool.stop()
-    what = "NanInfTracker" if a.naninf else f"dump level={a.level} mode={a.mode}"
+    what = "compile_backend" if a.compiled else "NanInfTracker" if a.naninf else f"dump level={a.level} mode={a.mode}"
     print(f"{what} on {a.device}: {on * 1000:.1f} ms/step under cProfile vs {off * 1000:.1f} ms/step off")
     pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
     return 0
+
+
+class _Closing:
+    """A compile capture as a tool: running from the first compiled step, closed at stop()."""
+
+    def __init__(self, cap: Any) -> None:
+        self.cap = cap
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.cap.close()
 
 
 def _device_us(e: Any) -> float:
@@ -103,7 +132,7 @@ def _torch_profile(a: argparse.Namespace, b: Any, tool: Any, off: float) -> int:
     tool.stop()
     ev = prof.key_averages()
     dev = sum(_device_us(e) for e in ev) / a.steps / 1000
-    what = "NanInfTracker" if a.naninf else f"dump level={a.level} mode={a.mode}"
+    what = "compile_backend" if a.compiled else "NanInfTracker" if a.naninf else f"dump level={a.level} mode={a.mode}"
     print(f"{what} on {a.device}: {on * 1000:.1f} ms/step under torch.profiler vs {off * 1000:.1f} ms/step off; "
           f"device busy {dev:.1f} ms/step (kernels' own time)")
     key = "self_cpu_time_total"

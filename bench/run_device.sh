@@ -26,6 +26,12 @@
 #             vectorized loads, gpu_checks, the 1B Llama at batch 8 (with a torch.profiler; and with the dumps'
 #             summaries at each step's end, no longer the default: the writer's GIL time) and 1, bench_compile
 #             with the default and with --summaries step
+#   PART=s16a: session 16's first run (about 5.5 min): the CUDA tests, gpu_checks, the 1B Llama at batch 8 (module,
+#             aten, NaN/Inf screen, together), cProfiles of its NaN/Inf screen and of the compiled bench model's
+#             capture, bench_compile per step, the bench model's op stream
+#   PART=s16b: after the one statistics op per compiled graph (one Triton launch per dtype) and the NaN/Inf
+#             screens' arena (about 5 min): their CUDA tests, gpu_checks, bench_compile per step, the 1B Llama
+#             at batch 8, a cProfile of its NaN/Inf screen
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -165,6 +171,37 @@ elif [ "$part" = next ]; then
     --out "$out/compile_cuda.md" 2>&1 | grep -E 'round|^\|'
   stamp compile-step-summaries; timeout 40 python bench/bench_compile.py --device cuda --compiles 0 --rounds 3 \
     --steps 7 --summaries step --out "$out/compile_cuda_stepsumm.md" 2>&1 | grep -E '^\|'
+  stamp done
+elif [ "$part" = s16a ]; then
+  export PYTHONUNBUFFERED=1
+  wheel_check
+  stamp pytest; timeout 75 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short tests/capture/test_stat_triton.py \
+    tests/capture/test_stat_batch.py tests/compile/test_compile_batched_stats.py tests/online/test_naninf_host_reads.py \
+    tests/backends tests/dump/test_faults.py > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
+  stamp checks; timeout 40 python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -5 "$out/checks.log"
+  stamp llama1b-batch8; timeout 100 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
+    --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E '^\|'
+  stamp cprof-llama1b-b8-naninf; timeout 45 python bench/profile_dump.py --device cuda --model llama1b --batch 8 --naninf \
+    --steps 2 --top 40 > "$out/cprof_llama1b_b8_naninf.txt" 2>&1; head -1 "$out/cprof_llama1b_b8_naninf.txt"
+  stamp compile; timeout 45 python bench/bench_compile.py --device cuda --compiles 0 --rounds 3 --steps 7 \
+    --out "$out/compile_cuda.md" 2>&1 | grep -E '^\|'
+  stamp cprof-compiled; timeout 40 python bench/profile_dump.py --device cuda --compiled --steps 5 --top 40 \
+    > "$out/cprof_compiled.txt" 2>&1; head -1 "$out/cprof_compiled.txt"
+  stamp stream-bench; timeout 40 python bench/bench_stream.py --device cuda --model bench --rounds 3 --levels module,aten \
+    --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
+  stamp done
+elif [ "$part" = s16b ]; then
+  export PYTHONUNBUFFERED=1
+  wheel_check
+  stamp pytest; timeout 100 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short tests/capture/test_stat_triton.py \
+    tests/compile/test_compile_batched_stats.py tests/online/test_naninf_host_reads.py > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
+  stamp checks; timeout 40 python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -5 "$out/checks.log"
+  stamp compile; timeout 45 python bench/bench_compile.py --device cuda --compiles 0 --rounds 3 --steps 7 \
+    --out "$out/compile_cuda.md" 2>&1 | grep -E '^\|'
+  stamp llama1b-batch8; timeout 100 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
+    --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E '^\|'
+  stamp cprof-llama1b-b8-naninf; timeout 45 python bench/profile_dump.py --device cuda --model llama1b --batch 8 --naninf \
+    --steps 2 --top 45 > "$out/cprof_llama1b_b8_naninf.txt" 2>&1; head -1 "$out/cprof_llama1b_b8_naninf.txt"
   stamp done
 elif [ "$part" = issues17_18 ]; then
   python -m pytest -q -p no:cacheprovider tests/compile tests/watch 2>&1 | tail -5 | tee "$out/pytest_17_18.txt"

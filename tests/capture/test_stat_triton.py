@@ -114,3 +114,29 @@ def test_a_kernel_that_fails_leaves_the_staging_path(cases: dict[str, Any]) -> N
     are still taken, by the staging path, and the user's step goes on."""
     assert cases["broken"]["triton_values"] == 0
     _all_close(cases["broken"])
+
+
+def test_many_values_one_launch_per_dtype(cases: dict[str, Any]) -> None:
+    """add_many (a compiled graph's values): the kernel's values of each dtype in ONE launch, the
+    others staged; every row equals host_stats', in the order given, and again on a second run
+    (the chunk table reused)."""
+    many = cases["many"]
+    n_kernel = 60 + 8 + 4  # random, special, permuted values; other_values are staged
+    assert many["triton_values"] == n_kernel
+    assert many["launches"] == 3  # float32, bfloat16, float16
+    _all_close(many)
+    assert json.dumps(many["again"]) == json.dumps([r["got"] for r in many["rows"]])  # NaN rows too
+
+
+def test_many_values_past_the_row_limit_are_split(cases: dict[str, Any]) -> None:
+    """Five values where the partial rows hold two: split into launches, flushed between, none lost."""
+    case = cases["many_limit"]
+    _all_close(case)
+    assert [r["got"][0] for r in case["rows"]] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert case["flushes"] >= 3
+
+
+def test_many_values_when_the_kernel_fails(cases: dict[str, Any]) -> None:
+    case = cases["many_broken"]
+    assert case["triton_values"] == 0
+    _all_close(case)

@@ -38,6 +38,22 @@ def measure(values: list[torch.Tensor], **kw: Any) -> dict[str, Any]:
             "triton_values": on_kernel, "flushes": b.flushes, "launches": b.kernel_launches}
 
 
+def measure_many(values: list[torch.Tensor], **kw: Any) -> dict[str, Any]:
+    """The same through ``add_many`` (one launch per dtype), twice: the second run reuses the
+    chunk table (and the address table when the addresses are the same)."""
+    b = StatBatcher(**kw)
+    refs = b.add_many(values)
+    on_kernel = triton_values(b)
+    launches = b.kernel_launches
+    b.flush()
+    refs2 = b.add_many(values)
+    b.flush()
+    return {"rows": [{"got": r.values() if r is not None else None, "want": host_stats(v.cpu())}
+                     for v, r in zip(values, refs)],
+            "again": [r.values() if r is not None else None for r in refs2],
+            "triton_values": on_kernel, "flushes": b.flushes, "launches": launches}
+
+
 def random_values(device: str) -> list[torch.Tensor]:
     """float32/bfloat16/float16 around the block (2048) and past programs x two blocks, with specials."""
     g = torch.Generator().manual_seed(0)
@@ -110,6 +126,12 @@ def main(device: str) -> dict[str, Any]:
     out["permuted"] = measure(permuted_values(device))
     out["permuted_contiguous"] = [v.is_contiguous() for v in permuted_values(device)]
     out["asked_off"] = measure([torch.randn(100, device=device)], triton=False)
+    # add_many: one launch per dtype for the kernel's values (mixed with staged ones, in order)
+    out["many"] = measure_many(random_values(device) + special_values(device) + permuted_values(device)
+                               + other_values(device))
+    stat_triton.LIMIT_ROWS = 2 * stat_triton.Partials(torch.device(device)).programs(10**6)  # room for two
+    out["many_limit"] = measure_many([torch.full((10**6,), float(i), device=device) for i in range(5)])
+    stat_triton.LIMIT_ROWS = 1 << 16
     x = torch.arange(6, dtype=torch.float32, device=device)
     b = StatBatcher()
     r = b.add(x)
@@ -134,6 +156,12 @@ def main(device: str) -> dict[str, Any]:
         out["broken"] = measure([torch.randn(100, device=device), torch.randn(7, device=device).half()])
     finally:
         stat_triton._launch = launch
+    many = stat_triton.Partials.add_many
+    stat_triton.Partials.add_many = broken  # type: ignore[assignment]
+    try:
+        out["many_broken"] = measure_many([torch.randn(100, device=device), torch.randn(7, device=device).half()])
+    finally:
+        stat_triton.Partials.add_many = many  # type: ignore[assignment]
     # the direct launch of the compiled kernel (CUDA) gives the rows Triton's own launch gives
     vals = random_values(device)
     direct = measure(vals)

@@ -94,6 +94,13 @@ def test_cpu_statistics_equal_the_eager_capture_bitwise(tmp_path):
               torch.randn(5, 40).t()):
         got = op(x)
         assert got.dtype == torch.float64 and got.tolist() == pytest.approx(host_stats(x), nan_ok=True, abs=0, rel=0)
+    from torchparity.compile.stats_op import value_stats_many_op
+
+    xs = [torch.randn(300, 7), torch.randn(64).bfloat16(), torch.tensor([1.0, float("nan"), float("inf")])]
+    many = value_stats_many_op()(xs)  # the graph's one statistics op: the same rows, to the last bit
+    assert many.dtype == torch.float64 and many.shape == (3, 6)
+    for row, x in zip(many.tolist(), xs):
+        assert row == pytest.approx(host_stats(x), nan_ok=True, abs=0, rel=0)
     with torchparity.dump(tmp_path / "eager", level="aten"):
         _train(None, steps=1)
     _train(compile_backend(tmp_path / "comp", inner="eager"), steps=1)

@@ -144,17 +144,55 @@ def test_a_value_the_batcher_does_not_take_is_measured_by_the_op_itself():
     assert empty.isnan().all() and staged.shape == (6,)
 
 
+def test_the_many_values_op_measures_what_the_batcher_does_not_take():
+    """The graph's one statistics op: staged values get the batcher's rows (in the graph's slot
+    order, from ``first_slot``), an empty value its own NaN row; with every value staged it hands
+    back a placeholder that carries no autograd history."""
+    from torchparity.compile.stats_op import _MANY_PLACEHOLDERS, collecting, value_stats_many_op
+
+    op = value_stats_many_op()
+    refs = [None] * 4
+    with collecting(StatBatcher(), refs, cpu_too=True):
+        out = op([torch.ones(3), torch.ones(0), torch.full((5,), 2.0)], 1)
+    assert refs[0] is None and refs[1] is not None and refs[2] is None and refs[3] is not None
+    assert out.shape == (3, 6) and out[1].isnan().all()
+    refs = [None, None]
+    x = torch.randn(4, 4, requires_grad=True)
+    with collecting(StatBatcher(), refs, cpu_too=True):
+        op([x * 2, x + 1], 0)
+    assert all(r is not None for r in refs)
+    assert _MANY_PLACEHOLDERS and all(p.grad_fn is None and not p.requires_grad for p in _MANY_PLACEHOLDERS.values())
+
+
+def test_one_batcher_call_per_graph_run(tmp_path, monkeypatch):
+    """All of a graph run's values reach the batcher in ONE call (one kernel launch per dtype where
+    the Triton kernel runs), not one call per value."""
+    calls = []
+    real = StatBatcher.add_many
+
+    def add_many(self, vs):
+        calls.append(len(vs))
+        return real(self, vs)
+
+    monkeypatch.setattr(StatBatcher, "add_many", add_many)
+    cap = compile_backend(tmp_path / "c", inner="eager", device_stats=True)
+    _train(cap, steps=3)
+    recs = _records(tmp_path / "c", 2)
+    assert len(calls) == 6  # forward and backward graph, three steps
+    assert sum(calls[-2:]) == len(recs) > 30
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_default_path_is_batched_and_agrees_with_the_host_statistics(tmp_path):  # pragma: no cover
     """On a GPU, by default: the values go through the batcher (no per-value reductions), the
     numerics are those of the plain compiled run, and the rows agree with a CPU host-path run of
     the same values to float32 accumulation."""
     added = []
-    real_add = StatBatcher.add
+    real_add = StatBatcher.add_many
 
-    def add(self, v):
-        added.append(v.device.type)
-        return real_add(self, v)
+    def add(self, vs):
+        added.extend(v.device.type for v in vs)
+        return real_add(self, vs)
 
     def train(backend, device):
         torch.manual_seed(0)
@@ -174,11 +212,11 @@ def test_on_cuda_the_default_path_is_batched_and_agrees_with_the_host_statistics
         return [p.detach().cpu() for p in m.parameters()]
 
     plain = train("aot_eager", "cuda")
-    StatBatcher.add = add
+    StatBatcher.add_many = add
     try:
         got = train(compile_backend(tmp_path / "gpu", inner="eager"), "cuda")
     finally:
-        StatBatcher.add = real_add
+        StatBatcher.add_many = real_add
     assert all(torch.equal(a, b) for a, b in zip(plain, got))
     recs = _records(tmp_path / "gpu", 1)
     assert added and set(added) == {"cuda"} and len(added) >= 2 * len(recs)

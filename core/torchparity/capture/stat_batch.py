@@ -229,6 +229,63 @@ class StatBatcher:
         g.rows.append(rows)
         return RowRef(g.chunk, len(g.lengths) - 1)
 
+    def add_many(self, values: list[torch.Tensor]) -> list[RowRef | None]:
+        """:meth:`add` of each value, with the values the Triton kernel takes measured by one
+        launch per device and dtype (a compiled graph's captured values, see
+        :mod:`~torchparity.compile.stats_op`) instead of one launch and some 15 us of host time
+        each. The returned refs are in ``values``' order."""
+        refs: list[RowRef | None] = [None] * len(values)
+        batches: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, v in enumerate(values):
+            if self.triton is not False and type(v) in _PLAIN and v.layout == torch.strided and v.numel() \
+                    and stat_triton.eligible(v) and self._triton_on(v.device):
+                batches.setdefault((v.device, v.dtype), []).append(i)
+            else:
+                refs[i] = self.add(v)
+        for (device, _), idx in batches.items():
+            done = self._add_triton_many(device, [values[i] for i in idx], idx, refs)
+            for i in idx[done:]:  # the kernel failed: the staging path (add's, from now on)
+                refs[i] = self.add(values[i])
+        return refs
+
+    def _add_triton_many(self, device: torch.device, vals: list[torch.Tensor], idx: list[int],
+                         refs: list[RowRef | None]) -> int:
+        """Launch ``vals`` (one dtype) in as few launches as the partial-row limit allows; their
+        refs go to ``refs[idx[j]]``. Returns how many were queued (fewer when a launch failed)."""
+        key = (device, None)
+        g = self._groups.get(key)
+        if g is None:
+            g = self._groups[key] = _Group(device, None)
+        p = g.partials
+        assert p is not None
+        start = 0
+        while start < len(vals):
+            room = stat_triton.LIMIT_ROWS - p.used
+            end, total = start, 0
+            while end < len(vals):
+                c = p.chunks(vals[end].numel())[1]
+                if total + c > room and end > start:
+                    break
+                total += c
+                end += 1
+            if total > room and p.used:  # not even the first fits: flush, then again
+                self._flush_group(g)
+                continue
+            try:
+                p.add_many(vals[start:end])
+            except Exception as exc:  # noqa: BLE001 - any failure of Triton's compile or launch
+                self._triton_devices[device] = False
+                _log.warning("torchparity: statistics on %s take the staging path: the Triton kernel failed (%s: %s)",
+                             device, type(exc).__name__, " ".join(str(exc).split())[:200])
+                return start
+            for j in range(start, end):
+                g.lengths.append(vals[j].numel())
+                refs[idx[j]] = RowRef(g.chunk, len(g.lengths) - 1)
+            self.queued += end - start
+            self.added += end - start
+            start = end
+        return start
+
     def _triton_on(self, device: torch.device) -> bool:
         on = self._triton_devices.get(device)
         if on is None:

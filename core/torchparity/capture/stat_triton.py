@@ -46,6 +46,7 @@ NUM_WARPS = 8  # warps per program
 PROGRAMS_PER_SM = 8  # at most this many programs per multiprocessor in a value's grid
 COLS = 6  # partial row: max, min, sum, sum of squares, NaN count, Inf count
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_TL_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # Offsets and the loop counter are int32, and a program's counter goes one step (programs x 2 x
 # BLOCK elements) past the value: values stop 2**27 short of 2**31, room for a step of up to
 # MAX_PROGRAMS programs x 2 x 4096 elements (BLOCK is at most 4096).
@@ -53,13 +54,15 @@ MAX_PROGRAMS = 1 << 14
 MAX_NUMEL = 2**31 - 2**27
 _FIRST_ROWS = 1 << 12  # partial rows allocated at first use (doubled as needed, up to LIMIT_ROWS)
 LIMIT_ROWS = 1 << 16  # partial rows before the batcher flushes (3 MB of float64)
+_PLANS_KEPT = 64  # chunk tables kept per device (one per list of value sizes: a graph's captured values)
 _accumulate: Any = None  # the kernels, defined by _load()
 _stats_partials: Any = None
+_stats_partials_multi: Any = None
 
 
 def _load() -> bool:
     """Import Triton and define the kernel (once); False where Triton is absent or cannot load."""
-    global triton, tl, _loaded, _accumulate, _stats_partials
+    global triton, tl, _loaded, _accumulate, _stats_partials, _stats_partials_multi
     if _loaded is not None:
         return _loaded
     try:  # Triton ships with the CUDA builds of torch; absent on CPU-only installs
@@ -107,6 +110,40 @@ def _load() -> bool:
             xb = tl.load(x_ptr + ob, mask=ob < n, other=0.0)
             mx, mn, s, sq, nans, infs = _accumulate(xa, oa < n, mx, mn, s, sq, nans, infs)
             mx, mn, s, sq, nans, infs = _accumulate(xb, ob < n, mx, mn, s, sq, nans, infs)
+        row = out_ptr + (row0 + pid) * 6
+        tl.store(row, tl.max(mx, axis=0).to(tl.float64))
+        tl.store(row + 1, tl.min(mn, axis=0).to(tl.float64))
+        tl.store(row + 2, tl.sum(s, axis=0))
+        tl.store(row + 3, tl.sum(sq, axis=0))
+        tl.store(row + 4, tl.sum(nans, axis=0).to(tl.float64))
+        tl.store(row + 5, tl.sum(infs, axis=0).to(tl.float64))
+
+    # _stats_partials_multi: many values of one dtype in one launch (a compiled graph's captured
+    # values: one launch per graph run instead of one per value). Program ``pid`` reads the chunk
+    # ``tab[pid] = (value, start, end)`` of the value whose address is ``ptrs[value]``, in int64
+    # offsets, and writes partial row ``row0 + pid``; a value's chunks are consecutive programs.
+    @triton.jit(do_not_specialize=["row0"])
+    def _stats_partials_multi(ptrs, tab, out_ptr, row0, BLOCK: tl.constexpr,  # type: ignore[no-untyped-def]  # noqa: N803
+                              DTYPE: tl.constexpr):  # noqa: N803
+        pid = tl.program_id(0)
+        v = tl.load(tab + pid * 3)
+        start = tl.load(tab + pid * 3 + 1)
+        end = tl.load(tab + pid * 3 + 2)
+        x_ptr = tl.load(ptrs + v).to(tl.pointer_type(DTYPE))
+        lanes = tl.arange(0, BLOCK)
+        mx = tl.zeros([BLOCK], dtype=tl.float32) - float("inf")
+        mn = tl.zeros([BLOCK], dtype=tl.float32) + float("inf")
+        s = tl.zeros([BLOCK], dtype=tl.float64)
+        sq = tl.zeros([BLOCK], dtype=tl.float64)
+        nans = tl.zeros([BLOCK], dtype=tl.int32)
+        infs = tl.zeros([BLOCK], dtype=tl.int32)
+        for first in range(start, end, 2 * BLOCK):
+            oa = first + lanes
+            ob = oa + BLOCK
+            xa = tl.load(x_ptr + oa, mask=oa < end, other=0.0)
+            xb = tl.load(x_ptr + ob, mask=ob < end, other=0.0)
+            mx, mn, s, sq, nans, infs = _accumulate(xa, oa < end, mx, mn, s, sq, nans, infs)
+            mx, mn, s, sq, nans, infs = _accumulate(xb, ob < end, mx, mn, s, sq, nans, infs)
         row = out_ptr + (row0 + pid) * 6
         tl.store(row, tl.max(mx, axis=0).to(tl.float64))
         tl.store(row + 1, tl.min(mn, axis=0).to(tl.float64))
@@ -232,7 +269,7 @@ def _max_programs(device: torch.device) -> int:
 class Partials:
     """The partial rows of one device's values since the last flush."""
 
-    __slots__ = ("device", "buf", "used", "lengths", "parts", "max_programs", "launches")
+    __slots__ = ("device", "buf", "used", "lengths", "parts", "max_programs", "launches", "_plans", "_ptrs")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -242,6 +279,9 @@ class Partials:
         self.parts: list[int] = []
         self.max_programs = _max_programs(device)
         self.launches = 0  # kernels launched (for the counting bench)
+        #: (dtype, numels) -> (chunk table on the device, chunks per value, chunks in all), for add_many
+        self._plans: dict[tuple[torch.dtype, tuple[int, ...]], tuple[torch.Tensor, list[int], int]] = {}
+        self._ptrs: tuple[tuple[int, ...], torch.Tensor] | None = None  # the last address table sent
 
     def programs(self, n: int) -> int:
         """Programs of the value's grid: one per two blocks, at most :func:`_max_programs`."""
@@ -250,10 +290,9 @@ class Partials:
     def full(self, programs: int) -> bool:
         return self.used + programs > LIMIT_ROWS
 
-    def add(self, v: torch.Tensor, programs: int) -> None:
-        """Launch the value's kernel (its rows follow the previous value's)."""
+    def _room(self, need: int) -> torch.Tensor:
+        """The partial-row buffer, grown to at least ``need`` rows."""
         buf = self.buf
-        need = self.used + programs
         if buf is None or need > buf.shape[0]:
             cap = _FIRST_ROWS if buf is None else buf.shape[0]
             while cap < need:
@@ -263,6 +302,60 @@ class Partials:
             if buf is not None and self.used:
                 new[:self.used].copy_(buf[:self.used])
             buf = self.buf = new
+        return buf
+
+    def chunks(self, n: int) -> tuple[int, int]:
+        """(elements per chunk, chunks) of an ``n``-element value in :meth:`add_many`: as many
+        chunks as :meth:`programs` would launch, each a whole number of two-block steps."""
+        per = -(-n // self.programs(n))
+        per = -(-per // (2 * BLOCK)) * (2 * BLOCK)
+        return per, -(-n // per)
+
+    def add_many(self, values: list[torch.Tensor]) -> None:
+        """ONE launch of :func:`_stats_partials_multi` for ``values`` (one dtype, each
+        :func:`eligible`; their partial rows follow the previous values', at most
+        :data:`LIMIT_ROWS` in all: the caller splits). The chunk table is made once per list of
+        sizes; the table of addresses is sent again only when an address changed."""
+        dtype = values[0].dtype
+        numels = tuple(v.numel() for v in values)
+        plan = self._plans.get((dtype, numels))
+        if plan is None:
+            rows: list[int] = []
+            parts: list[int] = []
+            for i, n in enumerate(numels):
+                per, c = self.chunks(n)
+                for j in range(c):
+                    rows += (i, j * per, min(n, (j + 1) * per))
+                parts.append(c)
+            if len(self._plans) >= _PLANS_KEPT:  # the oldest goes (shapes that keep changing)
+                del self._plans[next(iter(self._plans))]
+            tab = to_device(torch.tensor(rows, dtype=torch.int64), self.device)
+            plan = self._plans[(dtype, numels)] = (tab, parts, len(parts) and sum(parts))
+        tab, parts, total = plan
+        ptrs = tuple(v.data_ptr() for v in values)
+        last = self._ptrs
+        if last is not None and last[0] == ptrs:
+            ptr_table = last[1]
+        else:
+            ptr_table = to_device(torch.tensor(ptrs, dtype=torch.int64), self.device)
+            self._ptrs = (ptrs, ptr_table)
+        buf = self._room(self.used + total)
+        args = (ptr_table, tab, buf, self.used)
+        kw = {"BLOCK": BLOCK, "DTYPE": getattr(tl, _TL_NAMES[dtype]), "num_warps": NUM_WARPS}
+        if self.device.type == "cuda" and self.device.index != _current_device():
+            with torch.cuda.device(self.device):
+                _stats_partials_multi[(total,)](*args, **kw)
+        else:
+            _stats_partials_multi[(total,)](*args, **kw)
+        self.used += total
+        self.launches += 1
+        self.lengths.extend(numels)
+        self.parts.extend(parts)
+
+    def add(self, v: torch.Tensor, programs: int) -> None:
+        """Launch the value's kernel (its rows follow the previous value's)."""
+        buf = self._room(self.used + programs)
+        need = self.used + programs
         if self.device.type == "cuda" and self.device.index != _current_device():
             with torch.cuda.device(self.device):  # launched in the value's device's context
                 _launch(v, buf, v.numel(), self.used, programs)

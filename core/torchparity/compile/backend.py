@@ -100,7 +100,12 @@ class _Wrapped:
         n = self._info.n_outputs
         single = n < 0
         extra = list(outs[1:] if single else outs[n:])
-        if refs is not None:  # a batched value's row is its RowRef, not the op's placeholder output
+        if self._info.many and extra:  # one [records, 6] output: record i's row is its row i
+            rows = extra[0]
+            # a batched value's row is its RowRef, not the op's unwritten row
+            extra = [refs[i] if refs is not None and refs[i] is not None else rows[i]
+                     for i in range(len(self._info.records))]
+        elif refs is not None:
             extra = [r if r is not None else e for r, e in zip(refs, extra)]
         cap._collect(self._info.records, extra, shapes)
         if single:  # the graph returned a single value

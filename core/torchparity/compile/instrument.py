@@ -33,6 +33,9 @@ class Instrumented:
     bindings: list[tuple[int, int | None, Any]] = field(default_factory=list)
     symbolic: dict[int, tuple[list[Any], list[Any]]] = field(default_factory=dict)
     random_ops: int = 0  # nodes drawing random numbers (dropout ...): see RANDOM_OPS
+    #: the statistics are ONE extra output, ``[records, 6]`` (:func:`.stats_op.value_stats_many`);
+    #: False: one extra output per record (the values themselves, md5/tensor modes)
+    many: bool = False
 
     def concrete_shapes(self, args: list[Any]) -> dict[int, tuple[list[int], list[int]]] | None:
         """Record index -> (shape, stride) of this run, for records with symbolic sizes."""
@@ -172,12 +175,13 @@ def _add(graph: torch.fx.Graph, mode: Any, target: Any, *args: Any) -> torch.fx.
     return node
 
 
-def _stats_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torch.dtype, slot: int) -> torch.fx.Node:
-    """One opaque :mod:`.stats_op` node (see there why not the reductions as graph nodes);
-    ``slot``: the record's index in the graph's records (where a batched row goes)."""
-    from .stats_op import value_stats_op
+def _stats_node(graph: torch.fx.Graph, mode: Any, values: list[torch.fx.Node]) -> torch.fx.Node:
+    """ONE opaque :mod:`.stats_op` node reading every captured value (see there why not the
+    reductions as graph nodes, and why one node: one op call and one kernel launch per dtype per
+    graph run); its row ``i`` (or the batcher's row of slot ``i``) is record ``i``'s."""
+    from .stats_op import value_stats_many_op
 
-    return _add(graph, mode, value_stats_op(), v, slot)
+    return _add(graph, mode, value_stats_many_op(), values, 0)
 
 
 def _stats_as_graph_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
@@ -267,8 +271,7 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
         if isinstance(numel, int) and numel == 0:
             skip("empty tensor")
             continue
-        with graph.inserting_before(out_node):
-            extra.append(node if values else _stats_nodes(graph, mode, node, val.dtype, len(res.records)))
+        extra.append(node)
         shp, st = [_dim(x) for x in val.shape], [_dim(x) for x in val.stride()]
         if not all(isinstance(x, int) for x in shp + st):
             res.symbolic[len(res.records)] = (shp, st)
@@ -281,6 +284,10 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
     if res.symbolic:
         res.bindings = _bindings(gm)
     if extra:
+        if not values:  # statistics: one node at the end reads them all
+            with graph.inserting_before(out_node):
+                extra = [_stats_node(graph, mode, extra)]
+            res.many = True
         new = tuple(outs) + tuple(extra)
         out_node.args = (new,) if not single else (new,)
         res.n_outputs = len(outs) if not single else -1

@@ -1,5 +1,6 @@
-"""``torch.ops.torchparity.value_stats``: a value's ``[max, min, mean, norm, nan, inf]`` as one
-opaque op in the instrumented graph.
+"""``torch.ops.torchparity.value_stats_many``: the ``[max, min, mean, norm, nan, inf]`` of every
+captured value of a graph, as ONE opaque op at the end of the instrumented graph
+(``value_stats``: the same for one value).
 
 Opaque on purpose: Inductor has no lowering for it, so it runs it as an extern (fallback) kernel on
 the stored buffer. Written as ordinary graph nodes, the reductions were fused into the kernels that
@@ -90,13 +91,69 @@ def _value_stats_meta(x: torch.Tensor, slot: int = -1) -> torch.Tensor:
     return torch.empty((6,), dtype=_acc(x), device=x.device)
 
 
-def value_stats_op() -> torch._ops.OpOverload:
-    """The op (defined on first use)."""
+#: what the many-values op returns when every value was batched, per (device, number of values)
+_MANY_PLACEHOLDERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_NAN_ROW = [float("nan")] * 6
+
+
+def _value_stats_many(xs: list[torch.Tensor], first_slot: int = 0) -> torch.Tensor:
+    """The statistics of every captured value of a graph run, in ONE op call at the graph's end:
+    ``[len(xs), 6]`` float64 on the first value's device. Inside a capture run, accelerator values
+    go to the batcher together (:meth:`~..capture.stat_batch.StatBatcher.add_many`: one kernel
+    launch per dtype, not one launch and some 50 us of host time per value); their rows are the
+    batcher's (``refs[first_slot + i]``) and their rows of the output are left unwritten."""
+    k = len(xs)
+    device = xs[0].device
+    done: list[bool] = [False] * k
+    run = getattr(_RUN, "batch", None)
+    if run is not None and first_slot >= 0:
+        batcher, refs, cpu_too = run
+        sel = [i for i, x in enumerate(xs) if x.device.type != "cpu" or cpu_too]
+        if sel:
+            for i, ref in zip(sel, batcher.add_many([xs[i] for i in sel])):
+                if ref is not None:
+                    refs[first_slot + i] = ref
+                    done[i] = True
+        if all(done):
+            p = _MANY_PLACEHOLDERS.get((device, k))
+            if p is None:
+                with torch.inference_mode(False), torch.no_grad():
+                    p = _MANY_PLACEHOLDERS[(device, k)] = torch.empty((k, 6), dtype=torch.float64, device=device)
+            return p.detach()
+    if device.type == "cpu" and all(x.device.type == "cpu" for x in xs):  # one host tensor of every row
+        rows = [_NAN_ROW if d else (host_stats(x) or _NAN_ROW) for x, d in zip(xs, done)]
+        return torch.tensor(rows, dtype=torch.float64)
+    out = torch.empty((k, 6), dtype=torch.float64, device=device)
+    for i, x in enumerate(xs):
+        if not done[i]:
+            out[i].copy_(_value_stats(x))
+    return out
+
+
+def _value_stats_many_meta(xs: list[torch.Tensor], first_slot: int = 0) -> torch.Tensor:
+    return torch.empty((len(xs), 6), dtype=torch.float64, device=xs[0].device)
+
+
+def _define() -> None:
     global _LIB
     if _LIB is None:
         lib = torch.library.Library("torchparity", "DEF")
         lib.define("value_stats(Tensor x, int slot=-1) -> Tensor")
         lib.impl("value_stats", _value_stats, "CompositeExplicitAutograd")
         lib.impl("value_stats", _value_stats_meta, "Meta")
+        lib.define("value_stats_many(Tensor[] xs, int first_slot=0) -> Tensor")
+        lib.impl("value_stats_many", _value_stats_many, "CompositeExplicitAutograd")
+        lib.impl("value_stats_many", _value_stats_many_meta, "Meta")
         _LIB = lib
+
+
+def value_stats_op() -> torch._ops.OpOverload:
+    """The one-value op (defined on first use)."""
+    _define()
     return torch.ops.torchparity.value_stats.default
+
+
+def value_stats_many_op() -> torch._ops.OpOverload:
+    """The many-values op (defined on first use): what the graph pass adds, once per graph."""
+    _define()
+    return torch.ops.torchparity.value_stats_many.default

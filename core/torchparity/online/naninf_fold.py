@@ -31,6 +31,31 @@ class _Pending:
         return len(self.in_val) + len(self.ext_val) + len(self.out_val)
 
 
+def _gather(vals: list[torch.Tensor], dev: torch.device, idx: Any) -> list[tuple[torch.Tensor, list[int]]]:
+    """``vals`` (0-d screens) as a few 1-d tensors on ``dev``: (screens, their positions in
+    ``vals``). Screens in an arena slot (:meth:`~.naninf_screens.ScreenMemo._device_screen`) are
+    read with one ``index_select`` per arena; the others (float64 screens, another device's)
+    are stacked."""
+    arenas: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
+    loose: list[torch.Tensor] = []
+    loose_pos: list[int] = []
+    for i, v in enumerate(vals):
+        b = v._base
+        if b is not None and b.device == dev and b.dtype is torch.float32 and b.dim() == 1:
+            a = arenas.get(id(b))
+            if a is None:
+                a = arenas[id(b)] = (b, [], [])
+            a[1].append(v.storage_offset())
+            a[2].append(i)
+        else:
+            loose.append(v if v.device == dev else v.to(dev, non_blocking=True))
+            loose_pos.append(i)
+    out = [(b.index_select(0, idx(slots)), pos) for b, slots, pos in arenas.values()]
+    if loose:
+        out.append((torch.stack(loose), loose_pos))
+    return out
+
+
 class DeviceFold:
     """Mixin of :class:`~torchparity.online.naninf.NanInfTracker`: the device-side fold."""
 
@@ -48,10 +73,10 @@ class DeviceFold:
             dev = next((v.device for v in p.in_val + p.ext_val if v.device.type != "cpu"), torch.device("cpu"))
             self._state_device = dev
         with tool_work():
-            def idx(xs: list[int]) -> torch.Tensor:
+            def idx(xs: list[int], shift: int = 0) -> torch.Tensor:
                 t = torch.tensor(xs, dtype=torch.long)
-                if start:
-                    t -= start
+                if shift:
+                    t -= shift
                 if dev.type == "cpu":
                     return t
                 try:  # pinned, so that the copy is asynchronous (no host sync)
@@ -61,34 +86,40 @@ class DeviceFold:
                 self._keep.append(t)
                 return t.to(dev, non_blocking=True)
 
-            def flags(ops: list[int], vals: list[torch.Tensor], test: Any) -> torch.Tensor:
-                """Per op: how many of its screens in ``vals`` pass ``test``."""
+            def flags(ops: list[int], groups: list[tuple[torch.Tensor, list[int]]], test: Any) -> torch.Tensor:
+                """Per op: how many of its screens (gathered in ``groups``) pass ``test``."""
                 acc = torch.zeros(n_ops, dtype=torch.int32, device=dev)
-                if ops:
-                    stacked = torch.stack([v if v.device == dev else v.to(dev, non_blocking=True) for v in vals])
-                    acc.index_add_(0, idx(ops), test(stacked).to(torch.int32))
+                for vals, pos in groups:
+                    at = ops if len(pos) == len(ops) else [ops[i] for i in pos]
+                    acc.index_add_(0, idx(at, start), test(vals).to(torch.int32))
                 return acc
 
             def nonfinite(x: torch.Tensor) -> torch.Tensor:
                 return ~torch.isfinite(x)
 
-            in_bad = flags(p.in_op, p.in_val, nonfinite)
-            ext_bad = flags(p.ext_op, p.ext_val, nonfinite)
-            out_bad = flags(p.out_op, p.out_val, nonfinite)
-            if p.out_val:  # per output screen, for the lineage of a step with a creation site
-                self._dev_outflags.append(nonfinite(torch.stack(
-                    [v if v.device == dev else v.to(dev, non_blocking=True) for v in p.out_val])))
-            out_nan = flags(p.out_op, p.out_val, torch.isnan)
+            in_bad = flags(p.in_op, _gather(p.in_val, dev, idx), nonfinite)
+            ext_bad = flags(p.ext_op, _gather(p.ext_val, dev, idx), nonfinite)
+            outs = _gather(p.out_val, dev, idx)
+            out_bad = flags(p.out_op, outs, nonfinite)
+            if p.out_val:  # per output screen, in order, for the lineage of a step with a creation site
+                if len(outs) == 1 and len(outs[0][1]) == len(p.out_val):
+                    self._dev_outflags.append(nonfinite(outs[0][0]))
+                else:
+                    ordered = torch.empty(len(p.out_val), dtype=torch.bool, device=dev)
+                    for vals, pos in outs:
+                        ordered.index_copy_(0, idx(pos), nonfinite(vals))
+                    self._dev_outflags.append(ordered)
+            out_nan = flags(p.out_op, outs, torch.isnan)
             for ops, acc in ((p.bad_in_ops, in_bad), (p.bad_ext_ops, ext_bad), (p.bad_out_ops, out_bad),
                              (p.nan_out_ops, out_bad), (p.nan_out_ops, out_nan)):
                 if ops:
-                    acc.index_fill_(0, idx(ops), 1)
+                    acc.index_fill_(0, idx(ops, start), 1)
             rows = torch.arange(start, end, dtype=torch.long, device=dev)
             sentinel = torch.full((), _SENTINEL, dtype=torch.long, device=dev)
             culprit = (out_bad > 0) & (in_bad == 0) & (ext_bad == 0)
             if p.force_ops:  # a NaN scalar argument created NaN whatever the inputs held
                 forced = torch.zeros(n_ops, dtype=torch.bool, device=dev)
-                forced.index_fill_(0, idx(p.force_ops), True)
+                forced.index_fill_(0, idx(p.force_ops, start), True)
                 culprit = culprit | (forced & (out_bad > 0))
             # key = 2*row + (0 if NaN else 1): the smallest key is the first culprit, its low bit the kind
             keys = torch.where(culprit, rows * 2 + (out_nan == 0).long(), sentinel)

@@ -43,13 +43,12 @@ class OpChecks:
         vv = view_version(args) if info.view else None
         try:
             written = self._note_writes(args, kwargs, info.writes) if info.writes else ()
+            wrote = {id(w): (b, ptr) for w, b, ptr in written}
             for t in (out,) if isinstance(out, torch.Tensor) else _tensors(out):
                 if t.dtype not in _FLOAT or t.layout != _STRIDED:
                     continue
-                bump, ptr = 0, (hit[1] if info.view else None)
-                for w, b, p in written:
-                    if w is t:
-                        bump, ptr = b, p
+                bump, ptr = wrote.get(id(t), (0, hit[1] if info.view else None)) if wrote else \
+                    (0, hit[1] if info.view else None)
                 if t.dtype == src.dtype or _WIDTH[t.dtype] > _WIDTH[src.dtype]:
                     if hit[3] is _PENDING and not written and t.is_cpu:
                         self._remember(t, hit[4], _PENDING, 0, ptr, k=hit[5], version=vv)
@@ -145,9 +144,15 @@ class OpChecks:
         try:
             written = self._note_writes(args, kwargs, info.writes) if info.writes else ()
             outs = [out] if isinstance(out, torch.Tensor) else _tensors(out)
-            for w, _, _ in written:
-                if not any(w is t for t in outs):
-                    outs.append(w)
+            # by identity, in one pass (a foreach op of the optimizer writes ~150 tensors: pairwise
+            # tests cost ~40k comparisons per op)
+            wrote = {id(w): (b, ptr) for w, b, ptr in written}
+            if wrote:
+                have = {id(t) for t in outs}
+                for w, _, _ in written:
+                    if id(w) not in have:
+                        have.add(id(w))
+                        outs.append(w)
             if self._chain:
                 fl = [t for t in outs if t.dtype in _FLOAT and t.layout == _STRIDED]
                 if extends and len(fl) == 1 and fl[0].is_cpu and fl[0].numel() \
@@ -171,10 +176,7 @@ class OpChecks:
             res_ts = []
             for t in outs:
                 if t.dtype in _FLOAT and t.layout == _STRIDED and t.numel():
-                    bump, ptr = 0, None
-                    for w, b, p in written:
-                        if w is t:
-                            bump, ptr = b, p
+                    bump, ptr = wrote.get(id(t), (0, None)) if wrote else (0, None)
                     res.append(self._remember(t, producer, _FINITE if known else None, bump, ptr))
                     res_ts.append(t)
             if not known:

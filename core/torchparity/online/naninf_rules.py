@@ -79,6 +79,14 @@ def _screen(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t, _INF_ORD)
 
 
+def _screen_into(t: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """:func:`_screen` of a float32/bfloat16/float16 ``t`` written into the 0-d float32 ``slot``
+    (exact: ``max(|t|)`` of such a value is a float32; on CUDA the reduction reads a bfloat16 or
+    float16 value as it is, no float32 copy). Returns ``slot``."""
+    torch.linalg.vector_norm(t, _INF_ORD, dtype=None if t.dtype is torch.float32 else torch.float32, out=slot)
+    return slot
+
+
 def _host_fact(t: torch.Tensor) -> int:
     """What a CPU tensor holds, read at once: ``_FINITE``, ``_INF`` or ``_NAN`` (exact).
 

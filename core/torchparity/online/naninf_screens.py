@@ -11,7 +11,10 @@ import torch
 from ..capture.op_stream import STREAM_KEY
 from ..capture.tool_state import _tool_state
 from .naninf_rules import (_EXTERNAL, _FINITE, _INF, _NAN, _PENDING, _PRESERVING, _OpInfo, _host_fact,
-                           _screen)
+                           _screen, _screen_into)
+
+#: screens per arena (a float32 device buffer; each screen is a 0-d view of one slot)
+_ARENA = 4096
 
 
 class ScreenMemo:
@@ -150,7 +153,7 @@ class ScreenMemo:
         ``version``: the counter ``t`` will have once the dispatcher returns, for a view op's output
         (its base's: :func:`~torchparity.capture.measure_reuse.view_version`)."""
         if fact is None:
-            fact = _host_fact(t) if t.is_cpu and self._host_read else _screen(t)
+            fact = _host_fact(t) if t.is_cpu and self._host_read else self._device_screen(t)
         try:
             v = (t._version if version is None else version) + bump
         except RuntimeError:
@@ -167,6 +170,23 @@ class ScreenMemo:
             e = (v, ptr, self._gen.get(ptr, 0), fact, producer)
         self._memo[t] = e
         return e
+
+    def _device_screen(self, t: torch.Tensor) -> torch.Tensor:
+        """The screen of ``t`` (see :func:`~.naninf_rules._screen`) written into the next slot of
+        its device's arena: a 0-d float32 view that the fold gathers with ONE ``index_select``
+        per arena (a ``torch.stack`` of thousands of 0-d screens cost some 5 us each on a GPU
+        host). float64 values keep their own float64 screen (a finite float64 past float32's range
+        must not read as Inf)."""
+        if t.dtype is torch.float64:
+            return _screen(t)
+        arenas = self._arenas
+        a = arenas.get(t.device)
+        if a is None or a[1] >= _ARENA:
+            with torch.inference_mode(False):
+                a = arenas[t.device] = [torch.empty(_ARENA, dtype=torch.float32, device=t.device), 0]
+        k = a[1]
+        a[1] = k + 1
+        return _screen_into(t, a[0][k])
 
     def _note_writes(self, args: tuple, kwargs: dict, writes: tuple) -> list[tuple[torch.Tensor, int, int]]:
         """Bump the write generation of every tensor the op wrote; returns (tensor, bump, ptr)."""
