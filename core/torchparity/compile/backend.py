@@ -100,11 +100,14 @@ class _Wrapped:
         n = self._info.n_outputs
         single = n < 0
         extra = list(outs[1:] if single else outs[n:])
-        if self._info.many and extra:  # one [records, 6] output: record i's row is its row i
-            rows = extra[0]
-            # a batched value's row is its RowRef, not the op's unwritten row
-            extra = [refs[i] if refs is not None and refs[i] is not None else rows[i]
-                     for i in range(len(self._info.records))]
+        if self._info.groups:  # blocks of [k, 6] rows, in record order
+            rows: list[Any] = []
+            for block, k in zip(extra, self._info.groups):
+                slot = len(rows)
+                # a batched value's row is its RowRef, not the op's unwritten row
+                rows.extend(refs[slot + i] if refs is not None and refs[slot + i] is not None else block[i]
+                            for i in range(k))
+            extra = rows
         elif refs is not None:
             extra = [r if r is not None else e for r, e in zip(refs, extra)]
         cap._collect(self._info.records, extra, shapes)
@@ -213,7 +216,8 @@ class CompileCapture:
             self.graph_pass(gm, phase)
             gm.recompile()
         info = instrument(gm, example_inputs, phase, fwd_modules, values=self.mode != "statistics",
-                          fuses=self.inner == "inductor")
+                          fuses=self.inner == "inductor",
+                          batched=False if self.batcher is None else True if self.device_stats else "device")
         self._graphs[phase] += 1
         self._random_ops += info.random_ops
         if info.random_ops and self.inner == "inductor":

@@ -33,9 +33,10 @@ class Instrumented:
     bindings: list[tuple[int, int | None, Any]] = field(default_factory=list)
     symbolic: dict[int, tuple[list[Any], list[Any]]] = field(default_factory=dict)
     random_ops: int = 0  # nodes drawing random numbers (dropout ...): see RANDOM_OPS
-    #: the statistics are ONE extra output, ``[records, 6]`` (:func:`.stats_op.value_stats_many`);
-    #: False: one extra output per record (the values themselves, md5/tensor modes)
-    many: bool = False
+    #: the statistics come in blocks: extra output ``i`` is ``[groups[i], 6]``, the rows of the
+    #: next ``groups[i]`` records (:func:`.stats_op.value_stats_many`); empty: one extra output
+    #: per record (its statistics vector, or the value itself in md5/tensor modes)
+    groups: list[int] = field(default_factory=list)
 
     def concrete_shapes(self, args: list[Any]) -> dict[int, tuple[list[int], list[int]]] | None:
         """Record index -> (shape, stride) of this run, for records with symbolic sizes."""
@@ -175,13 +176,45 @@ def _add(graph: torch.fx.Graph, mode: Any, target: Any, *args: Any) -> torch.fx.
     return node
 
 
-def _stats_node(graph: torch.fx.Graph, mode: Any, values: list[torch.fx.Node]) -> torch.fx.Node:
-    """ONE opaque :mod:`.stats_op` node reading every captured value (see there why not the
-    reductions as graph nodes, and why one node: one op call and one kernel launch per dtype per
-    graph run); its row ``i`` (or the batcher's row of slot ``i``) is record ``i``'s."""
-    from .stats_op import value_stats_many_op
+#: values per statistics node on the batched (accelerator) path, and their bytes at most: a node
+#: runs once all its values are computed, so each value lives until the last of its group is
+#: made (a few ops later), not until the graph's end
+GROUP_VALUES = 32
+GROUP_BYTES = 256 << 20
 
-    return _add(graph, mode, value_stats_many_op(), values, 0)
+
+def _value_bytes(v: torch.fx.Node) -> int:
+    val = v.meta["val"]
+    n = val.numel()
+    return n * val.element_size() if isinstance(n, int) else GROUP_BYTES  # a symbolic size: a large value
+
+
+def _stats_nodes(graph: torch.fx.Graph, mode: Any, values: list[torch.fx.Node], batched: bool,
+                 res: Instrumented) -> list[torch.fx.Node]:
+    """The opaque :mod:`.stats_op` nodes of the captured values, in record order (see there why
+    not the reductions as graph nodes). Measured on the host (a CPU graph): one ``value_stats``
+    per value, which Inductor runs right after the value is made, while it is in the cache.
+    Batched (an accelerator's values go to the capture's batcher): one ``value_stats_many`` per
+    group of consecutive values (:data:`GROUP_VALUES`, :data:`GROUP_BYTES`), put right after the
+    group's last value: one op call and one kernel launch per dtype for the group, instead of one
+    call and some 50 us of host time per value; ``res.groups`` gets the group sizes."""
+    from .stats_op import value_stats_many_op, value_stats_op
+
+    if not batched:
+        with graph.inserting_before(next(n for n in reversed(graph.nodes) if n.op == "output")):
+            return [_add(graph, mode, value_stats_op(), v, slot) for slot, v in enumerate(values)]
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    out: list[torch.fx.Node] = []
+    first, size = 0, 0
+    for i, v in enumerate(values):
+        size += _value_bytes(v)
+        if i + 1 == len(values) or i + 1 - first >= GROUP_VALUES or size >= GROUP_BYTES:
+            block = values[first:i + 1]
+            with graph.inserting_after(max(block, key=position.__getitem__)):
+                out.append(_add(graph, mode, value_stats_many_op(), block, first))
+            res.groups.append(len(block))
+            first, size = i + 1, 0
+    return out
 
 
 def _stats_as_graph_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
@@ -205,7 +238,7 @@ def _stats_as_graph_nodes(graph: torch.fx.Graph, mode: Any, v: torch.fx.Node, dt
 
 def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
                fwd_modules: dict[int, tuple[str, str | None]], values: bool = False,
-               fuses: bool = False) -> Instrumented:
+               fuses: bool = False, batched: Any = False) -> Instrumented:
     """Instrument ``gm`` in place. ``fwd_modules`` maps a forward node's ``seq_nr`` to its module
     (filled in the forward phase, read in the backward phase, whose nodes carry no module stack).
     With ``values`` (md5/tensor modes) the extra outputs are the captured values themselves
@@ -216,7 +249,9 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
     (graph outputs, the inputs and outputs of extern kernels) are captured; the rest is listed as
     not captured. (Not even float32 values are safe to store: the C++ and Triton compilers contract
     a multiply-add into one FMA when the product stays in a register; stored, it is rounded first.
-    An HF Llama's float32 gradients changed in the last bits when every value was captured.)"""
+    An HF Llama's float32 gradients changed in the last bits when every value was captured.)
+    ``batched``: the statistics of the graph's values go to a batcher (True), or only those of
+    values not on the CPU ("device"): see :func:`_stats_nodes`."""
     graph = gm.graph
     mode = _fake_mode(gm, example_inputs)
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
@@ -284,10 +319,10 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
     if res.symbolic:
         res.bindings = _bindings(gm)
     if extra:
-        if not values:  # statistics: one node at the end reads them all
-            with graph.inserting_before(out_node):
-                extra = [_stats_node(graph, mode, extra)]
-            res.many = True
+        if not values:  # statistics
+            on_batcher = batched is True or (batched == "device" and any(
+                v.meta["val"].device.type != "cpu" for v in extra))
+            extra = _stats_nodes(graph, mode, extra, on_batcher, res)
         new = tuple(outs) + tuple(extra)
         out_node.args = (new,) if not single else (new,)
         res.n_outputs = len(outs) if not single else -1

@@ -1,22 +1,24 @@
-"""``torch.ops.torchparity.value_stats_many``: the ``[max, min, mean, norm, nan, inf]`` of every
-captured value of a graph, as ONE opaque op at the end of the instrumented graph
-(``value_stats``: the same for one value).
+"""The statistics ops of an instrumented graph: ``torch.ops.torchparity.value_stats`` (one value's
+``[max, min, mean, norm, nan, inf]``) and ``value_stats_many`` (the rows of a group of values).
 
-Opaque on purpose: Inductor has no lowering for it, so it runs it as an extern (fallback) kernel on
-the stored buffer. Written as ordinary graph nodes, the reductions were fused into the kernels that
-produce the value, and that changed how Inductor tiled those kernels: a reduction it fused into
-(an RMSNorm's weight gradient in a bf16 HF Llama) summed in another order and the user's gradients
-changed in the last bits. An extern kernel reads the value after it is written and changes nothing
-of the user's kernels.
+Opaque on purpose: Inductor has no lowering for them, so it runs them as extern (fallback) kernels
+on the stored buffers. Written as ordinary graph nodes, the reductions were fused into the kernels
+that produce the value, and that changed how Inductor tiled those kernels: a reduction it fused
+into (an RMSNorm's weight gradient in a bf16 HF Llama) summed in another order and the user's
+gradients changed in the last bits. An extern kernel reads the value after it is written and
+changes nothing of the user's kernels.
 
-On the CPU the op computes what the eager capture computes (:func:`..capture.stats.host_stats`:
-three passes, NaN/Inf counted only when an extreme is not finite; reading a CPU scalar costs no
-sync) and returns it in float64, so a value equal in a compiled and an eager run has equal
-statistics. On an accelerator, inside a capture's graph run (:func:`collecting`), the value goes
-to the capture's :class:`~..capture.stat_batch.StatBatcher` -- one copy kernel into its staging
-buffer, the reductions of many values at once when it flushes, no host sync -- and the op returns
-an uninitialised placeholder (the row is the batcher's, found by the node's ``slot``). Outside a
-capture run it takes the device-side ``stats_tensor`` reductions (no host sync either).
+On the CPU, ``value_stats`` computes what the eager capture computes
+(:func:`..capture.stats.host_stats`: three passes, NaN/Inf counted only when an extreme is not
+finite; reading a CPU scalar costs no sync) and returns it in float64, so a value equal in a
+compiled and an eager run has equal statistics; Inductor runs it right after the value is made,
+while it is in the cache. On an accelerator, inside a capture's graph run (:func:`collecting`),
+a group of values goes to the capture's :class:`~..capture.stat_batch.StatBatcher` in one
+``value_stats_many`` call: one Triton kernel launch per dtype for the group (or one copy kernel
+per value into the batcher's staging buffer), the reductions of many values at once when it
+flushes, no host sync; the op returns an uninitialised placeholder (each row is the batcher's,
+found by its ``slot``). A value the batcher does not take is measured by the op itself
+(device-side ``stats_tensor`` reductions, no host sync either).
 """
 
 from __future__ import annotations

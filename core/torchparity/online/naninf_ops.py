@@ -43,7 +43,7 @@ class OpChecks:
         vv = view_version(args) if info.view else None
         try:
             written = self._note_writes(args, kwargs, info.writes) if info.writes else ()
-            wrote = {id(w): (b, ptr) for w, b, ptr in written}
+            wrote = {id(w): (b, ptr) for w, b, ptr in written} if written else None
             for t in (out,) if isinstance(out, torch.Tensor) else _tensors(out):
                 if t.dtype not in _FLOAT or t.layout != _STRIDED:
                     continue
@@ -146,7 +146,7 @@ class OpChecks:
             outs = [out] if isinstance(out, torch.Tensor) else _tensors(out)
             # by identity, in one pass (a foreach op of the optimizer writes ~150 tensors: pairwise
             # tests cost ~40k comparisons per op)
-            wrote = {id(w): (b, ptr) for w, b, ptr in written}
+            wrote = {id(w): (b, ptr) for w, b, ptr in written} if written else None
             if wrote:
                 have = {id(t) for t in outs}
                 for w, _, _ in written:
