@@ -340,7 +340,7 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
         self._state: torch.Tensor | None = None  # device int64 [first culprit key, first external row]
         self._state_device: torch.device | None = None
         self._keep: list[torch.Tensor] = []  # pinned index tensors in flight to the device
-        self._arenas: dict[torch.device, list[Any]] = {}  # device -> [screen arena, slots used]
+        self._arenas: dict[torch.device, Any] = {}  # device -> [screen arena, slots used] (False: none)
         self._active = self.steps is None or self.current_step in self.steps
         if self._attached:
             self._refresh_inherit(op_stream())

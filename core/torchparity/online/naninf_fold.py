@@ -31,29 +31,16 @@ class _Pending:
         return len(self.in_val) + len(self.ext_val) + len(self.out_val)
 
 
-def _gather(vals: list[torch.Tensor], dev: torch.device, idx: Any) -> list[tuple[torch.Tensor, list[int]]]:
-    """``vals`` (0-d screens) as a few 1-d tensors on ``dev``: (screens, their positions in
-    ``vals``). Screens in an arena slot (:meth:`~.naninf_screens.ScreenMemo._device_screen`) are
-    read with one ``index_select`` per arena; the others (float64 screens, another device's)
-    are stacked."""
-    arenas: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
-    loose: list[torch.Tensor] = []
-    loose_pos: list[int] = []
-    for i, v in enumerate(vals):
-        b = v._base
-        if b is not None and b.device == dev and b.dtype is torch.float32 and b.dim() == 1:
-            a = arenas.get(id(b))
-            if a is None:
-                a = arenas[id(b)] = (b, [], [])
-            a[1].append(v.storage_offset())
-            a[2].append(i)
-        else:
-            loose.append(v if v.device == dev else v.to(dev, non_blocking=True))
-            loose_pos.append(i)
-    out = [(b.index_select(0, idx(slots)), pos) for b, slots, pos in arenas.values()]
-    if loose:
-        out.append((torch.stack(loose), loose_pos))
-    return out
+def _stacked(vals: list[torch.Tensor], dev: torch.device) -> torch.Tensor | None:
+    """``vals`` (0-d screens) as one 1-d tensor on ``dev`` (None when there are none).
+
+    Most screens are 0-d slots of one arena (:meth:`~.naninf_screens.ScreenMemo._device_screen`):
+    stacking those cost ~0.8 us each on an H200 host, where 0-d screens allocated one by one cost
+    ~8 us each (bench/results/session16/). (Inside a dispatch mode views carry no ``_base``, so a
+    slot cannot be told from another 0-d tensor cheaply enough to gather it by index instead.)"""
+    if not vals:
+        return None
+    return torch.stack([v if v.device == dev else v.to(dev, non_blocking=True) for v in vals])
 
 
 class DeviceFold:
@@ -86,29 +73,22 @@ class DeviceFold:
                 self._keep.append(t)
                 return t.to(dev, non_blocking=True)
 
-            def flags(ops: list[int], groups: list[tuple[torch.Tensor, list[int]]], test: Any) -> torch.Tensor:
-                """Per op: how many of its screens (gathered in ``groups``) pass ``test``."""
+            def flags(ops: list[int], screens: torch.Tensor | None, test: Any) -> torch.Tensor:
+                """Per op: how many of its ``screens`` (one per entry of ``ops``) pass ``test``."""
                 acc = torch.zeros(n_ops, dtype=torch.int32, device=dev)
-                for vals, pos in groups:
-                    at = ops if len(pos) == len(ops) else [ops[i] for i in pos]
-                    acc.index_add_(0, idx(at, start), test(vals).to(torch.int32))
+                if screens is not None:
+                    acc.index_add_(0, idx(ops, start), test(screens).to(torch.int32))
                 return acc
 
             def nonfinite(x: torch.Tensor) -> torch.Tensor:
                 return ~torch.isfinite(x)
 
-            in_bad = flags(p.in_op, _gather(p.in_val, dev, idx), nonfinite)
-            ext_bad = flags(p.ext_op, _gather(p.ext_val, dev, idx), nonfinite)
-            outs = _gather(p.out_val, dev, idx)
+            in_bad = flags(p.in_op, _stacked(p.in_val, dev), nonfinite)
+            ext_bad = flags(p.ext_op, _stacked(p.ext_val, dev), nonfinite)
+            outs = _stacked(p.out_val, dev)  # stacked once for the three uses
             out_bad = flags(p.out_op, outs, nonfinite)
-            if p.out_val:  # per output screen, in order, for the lineage of a step with a creation site
-                if len(outs) == 1 and len(outs[0][1]) == len(p.out_val):
-                    self._dev_outflags.append(nonfinite(outs[0][0]))
-                else:
-                    ordered = torch.empty(len(p.out_val), dtype=torch.bool, device=dev)
-                    for vals, pos in outs:
-                        ordered.index_copy_(0, idx(pos), nonfinite(vals))
-                    self._dev_outflags.append(ordered)
+            if outs is not None:  # per output screen, for the lineage of a step with a creation site
+                self._dev_outflags.append(nonfinite(outs))
             out_nan = flags(p.out_op, outs, torch.isnan)
             for ops, acc in ((p.bad_in_ops, in_bad), (p.bad_ext_ops, ext_bad), (p.bad_out_ops, out_bad),
                              (p.nan_out_ops, out_bad), (p.nan_out_ops, out_nan)):
