@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--naninf", action="store_true", help="profile the NanInfTracker instead of a dump")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--sort", default="tottime", help="cProfile order: tottime (default) or cumulative")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--torch-profiler", action="store_true",
                     help="torch.profiler instead of cProfile: the ops' host time and, on cuda, the "
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         tool.stop()
     what = "compile_backend" if a.compiled else "NanInfTracker" if a.naninf else f"dump level={a.level} mode={a.mode}"
     print(f"{what} on {a.device}: {on * 1000:.1f} ms/step under cProfile vs {off * 1000:.1f} ms/step off")
-    pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
+    pstats.Stats(pr).sort_stats(a.sort).print_stats(a.top)
     return 0
 
 

@@ -32,6 +32,9 @@
 #   PART=s16b: after the one statistics op per compiled graph (one Triton launch per dtype) and the NaN/Inf
 #             screens' arena (about 5 min): their CUDA tests, gpu_checks, bench_compile per step, the 1B Llama
 #             at batch 8, a cProfile of its NaN/Inf screen
+#   PART=s16c: session 16's last run (about 5 min): the CUDA tests, gpu_checks, bench_compile per step and cold
+#             compile (statistics ops in groups of values), the 1B Llama at batch 8, a cumulative cProfile of
+#             the compiled bench model's capture
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -202,6 +205,19 @@ elif [ "$part" = s16b ]; then
     --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E '^\|'
   stamp cprof-llama1b-b8-naninf; timeout 45 python bench/profile_dump.py --device cuda --model llama1b --batch 8 --naninf \
     --steps 2 --top 45 > "$out/cprof_llama1b_b8_naninf.txt" 2>&1; head -1 "$out/cprof_llama1b_b8_naninf.txt"
+  stamp done
+elif [ "$part" = s16c ]; then
+  export PYTHONUNBUFFERED=1
+  wheel_check
+  stamp pytest; timeout 60 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short tests/capture/test_stat_triton.py \
+    tests/compile/test_compile_batched_stats.py tests/online/test_naninf_host_reads.py > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
+  stamp checks; timeout 20 python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -5 "$out/checks.log"
+  stamp compile; timeout 130 python bench/bench_compile.py --device cuda --compiles 1 --rounds 3 --steps 7 \
+    --out "$out/compile_cuda.md" 2>&1 | grep -E '^\||Capture'
+  stamp llama1b-batch8; timeout 100 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
+    --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E '^\|'
+  stamp cprof-compiled; timeout 30 python bench/profile_dump.py --device cuda --compiled --steps 5 --top 50 --sort cumulative \
+    > "$out/cprof_compiled.txt" 2>&1; grep -m1 "ms/step" "$out/cprof_compiled.txt"
   stamp done
 elif [ "$part" = issues17_18 ]; then
   python -m pytest -q -p no:cacheprovider tests/compile tests/watch 2>&1 | tail -5 | tee "$out/pytest_17_18.txt"
