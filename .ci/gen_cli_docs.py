@@ -27,7 +27,9 @@ def render() -> str:
     from torchparity.cli import cli
 
     parts = [HEADER]
-    ctx = click.Context(cli, info_name="torchparity", terminal_width=100, max_content_width=100)
+    # the CLI's own context settings (``-h`` as well as ``--help``); sub-command contexts inherit them
+    settings = {k: v for k, v in (cli.context_settings or {}).items() if k not in ("terminal_width", "max_content_width")}
+    ctx = click.Context(cli, info_name="torchparity", terminal_width=100, max_content_width=100, **settings)
     parts.append("## torchparity\n\n```\n" + cli.get_help(ctx) + "\n```\n")
     for name in cli.list_commands(ctx):
         cmd = cli.get_command(ctx, name)
