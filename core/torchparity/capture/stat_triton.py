@@ -58,11 +58,12 @@ _PLANS_KEPT = 64  # chunk tables kept per device (one per list of value sizes: a
 _accumulate: Any = None  # the kernels, defined by _load()
 _stats_partials: Any = None
 _stats_partials_multi: Any = None
+_partial_row: Any = None
 
 
 def _load() -> bool:
     """Import Triton and define the kernel (once); False where Triton is absent or cannot load."""
-    global triton, tl, _loaded, _accumulate, _stats_partials, _stats_partials_multi
+    global triton, tl, _loaded, _accumulate, _partial_row, _stats_partials, _stats_partials_multi
     if _loaded is not None:
         return _loaded
     try:  # Triton ships with the CUDA builds of torch; absent on CPU-only installs
@@ -90,12 +91,10 @@ def _load() -> bool:
         infs += ((x == float("inf")) | (x == float("-inf"))).to(tl.int32)
         return mx, mn, s, sq, nans, infs
 
-    # ``n`` is specialized (Triton compiles a variant for n % 16 == 0, where masked loads are
-    # vectorized: 2 16-byte loads per thread and iteration instead of 16 2-byte ones)
-    @triton.jit(do_not_specialize=["row0"])
-    def _stats_partials(x_ptr, out_ptr, n, row0, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: N803
-        pid = tl.program_id(0)
-        step = tl.num_programs(0) * (2 * BLOCK)
+    # _partial_row: one program's walk over elements first, first + step, ... (two blocks at a
+    # time) of the value at x_ptr, below end; it writes its partial row at ``row``
+    @triton.jit
+    def _partial_row(x_ptr, first, end, step, row, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: N803
         lanes = tl.arange(0, BLOCK)
         mx = tl.zeros([BLOCK], dtype=tl.float32) - float("inf")
         mn = tl.zeros([BLOCK], dtype=tl.float32) + float("inf")
@@ -103,14 +102,13 @@ def _load() -> bool:
         sq = tl.zeros([BLOCK], dtype=tl.float64)
         nans = tl.zeros([BLOCK], dtype=tl.int32)
         infs = tl.zeros([BLOCK], dtype=tl.int32)
-        for start in range(pid * (2 * BLOCK), n, step):
+        for start in range(first, end, step):
             oa = start + lanes
             ob = oa + BLOCK
-            xa = tl.load(x_ptr + oa, mask=oa < n, other=0.0)
-            xb = tl.load(x_ptr + ob, mask=ob < n, other=0.0)
-            mx, mn, s, sq, nans, infs = _accumulate(xa, oa < n, mx, mn, s, sq, nans, infs)
-            mx, mn, s, sq, nans, infs = _accumulate(xb, ob < n, mx, mn, s, sq, nans, infs)
-        row = out_ptr + (row0 + pid) * 6
+            xa = tl.load(x_ptr + oa, mask=oa < end, other=0.0)
+            xb = tl.load(x_ptr + ob, mask=ob < end, other=0.0)
+            mx, mn, s, sq, nans, infs = _accumulate(xa, oa < end, mx, mn, s, sq, nans, infs)
+            mx, mn, s, sq, nans, infs = _accumulate(xb, ob < end, mx, mn, s, sq, nans, infs)
         tl.store(row, tl.max(mx, axis=0).to(tl.float64))
         tl.store(row + 1, tl.min(mn, axis=0).to(tl.float64))
         tl.store(row + 2, tl.sum(s, axis=0))
@@ -118,39 +116,25 @@ def _load() -> bool:
         tl.store(row + 4, tl.sum(nans, axis=0).to(tl.float64))
         tl.store(row + 5, tl.sum(infs, axis=0).to(tl.float64))
 
+    # ``n`` is specialized (Triton compiles a variant for n % 16 == 0, where masked loads are
+    # vectorized: 2 16-byte loads per thread and iteration instead of 16 2-byte ones)
+    @triton.jit(do_not_specialize=["row0"])
+    def _stats_partials(x_ptr, out_ptr, n, row0, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: N803
+        pid = tl.program_id(0)
+        _partial_row(x_ptr, pid * (2 * BLOCK), n, tl.num_programs(0) * (2 * BLOCK), out_ptr + (row0 + pid) * 6,
+                     BLOCK)
+
     # _stats_partials_multi: many values of one dtype in one launch (a compiled graph's captured
-    # values: one launch per graph run instead of one per value). Program ``pid`` reads the chunk
-    # ``tab[pid] = (value, start, end)`` of the value whose address is ``ptrs[value]``, in int64
-    # offsets, and writes partial row ``row0 + pid``; a value's chunks are consecutive programs.
+    # values: one launch per group of values instead of one per value). Program ``pid`` reads the
+    # chunk ``tab[pid] = (value, start, end)`` of the value whose address is ``ptrs[value]``, in
+    # int64 offsets, and writes partial row ``row0 + pid``; a value's chunks are consecutive programs.
     @triton.jit(do_not_specialize=["row0"])
     def _stats_partials_multi(ptrs, tab, out_ptr, row0, BLOCK: tl.constexpr,  # type: ignore[no-untyped-def]  # noqa: N803
                               DTYPE: tl.constexpr):  # noqa: N803
         pid = tl.program_id(0)
-        v = tl.load(tab + pid * 3)
-        start = tl.load(tab + pid * 3 + 1)
-        end = tl.load(tab + pid * 3 + 2)
-        x_ptr = tl.load(ptrs + v).to(tl.pointer_type(DTYPE))
-        lanes = tl.arange(0, BLOCK)
-        mx = tl.zeros([BLOCK], dtype=tl.float32) - float("inf")
-        mn = tl.zeros([BLOCK], dtype=tl.float32) + float("inf")
-        s = tl.zeros([BLOCK], dtype=tl.float64)
-        sq = tl.zeros([BLOCK], dtype=tl.float64)
-        nans = tl.zeros([BLOCK], dtype=tl.int32)
-        infs = tl.zeros([BLOCK], dtype=tl.int32)
-        for first in range(start, end, 2 * BLOCK):
-            oa = first + lanes
-            ob = oa + BLOCK
-            xa = tl.load(x_ptr + oa, mask=oa < end, other=0.0)
-            xb = tl.load(x_ptr + ob, mask=ob < end, other=0.0)
-            mx, mn, s, sq, nans, infs = _accumulate(xa, oa < end, mx, mn, s, sq, nans, infs)
-            mx, mn, s, sq, nans, infs = _accumulate(xb, ob < end, mx, mn, s, sq, nans, infs)
-        row = out_ptr + (row0 + pid) * 6
-        tl.store(row, tl.max(mx, axis=0).to(tl.float64))
-        tl.store(row + 1, tl.min(mn, axis=0).to(tl.float64))
-        tl.store(row + 2, tl.sum(s, axis=0))
-        tl.store(row + 3, tl.sum(sq, axis=0))
-        tl.store(row + 4, tl.sum(nans, axis=0).to(tl.float64))
-        tl.store(row + 5, tl.sum(infs, axis=0).to(tl.float64))
+        x_ptr = tl.load(ptrs + tl.load(tab + pid * 3)).to(tl.pointer_type(DTYPE))
+        _partial_row(x_ptr, tl.load(tab + pid * 3 + 1), tl.load(tab + pid * 3 + 2), 2 * BLOCK,
+                     out_ptr + (row0 + pid) * 6, BLOCK)
 
     _loaded = True
     return True
