@@ -51,10 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.out and aligned == [0, 1, 2]:
             with open(a.out, "w") as f:
                 f.write(ptx)
-    many = {"ptrs": "*i64", "tab": "*i64", "out_ptr": "*fp64", "row0": "i32", "BLOCK": "constexpr", "DTYPE": "constexpr"}
-    ptx = _compile(st._stats_partials_multi, many, {"BLOCK": st.BLOCK, "DTYPE": tl.bfloat16}, [0, 1, 2], a.arch,
-                   st.NUM_WARPS)
-    print(f"many values (address table): {_summary(ptx)}")
+    many = {"ptrs": "*i64", "tab": "*i64", "out_ptr": "*fp64", "row0": "i32", "BLOCK": "constexpr",
+            "DTYPE": "constexpr", "ALIGNED": "constexpr"}
+    for aligned in (True, False):
+        ptx = _compile(st._stats_partials_multi, many, {"BLOCK": st.BLOCK, "DTYPE": tl.bfloat16, "ALIGNED": aligned},
+                       [0, 1, 2], a.arch, st.NUM_WARPS)
+        print(f"many values (address table), {'aligned' if aligned else 'any address or size'}: {_summary(ptx)}")
     return 0
 
 

@@ -123,7 +123,8 @@ def test_many_values_one_launch_per_dtype(cases: dict[str, Any]) -> None:
     many = cases["many"]
     n_kernel = 60 + 8 + 4  # random, special, permuted values; other_values are staged
     assert many["triton_values"] == n_kernel
-    assert many["launches"] == 3  # float32, bfloat16, float16
+    # one launch per dtype and alignment class (16-byte loads where address and size allow)
+    assert 3 <= many["launches"] == many["classes"] <= 6
     _all_close(many)
     assert json.dumps(many["again"]) == json.dumps([r["got"] for r in many["rows"]])  # NaN rows too
 
@@ -137,6 +138,9 @@ def test_many_values_past_the_row_limit_are_split(cases: dict[str, Any]) -> None
 
 
 def test_many_values_when_the_kernel_fails(cases: dict[str, Any]) -> None:
+    """The kernel fails (no C compiler for Triton's launcher): tried once for the device, not once
+    per dtype, and every value measured on the staging path."""
     case = cases["many_broken"]
     assert case["triton_values"] == 0
+    assert len(case["tries"]) == 1, case["tries"]
     _all_close(case)

@@ -45,13 +45,16 @@ def measure_many(values: list[torch.Tensor], **kw: Any) -> dict[str, Any]:
     refs = b.add_many(values)
     on_kernel = triton_values(b)
     launches = b.kernel_launches
+    # one launch per (dtype, aligned: address and size multiples of 16) among the kernel's values
+    classes = len({(v.dtype, v.data_ptr() % 16 == 0 and v.numel() % 16 == 0) for v in values
+                   if stat_triton.eligible(v) and type(v) is torch.Tensor})
     b.flush()
     refs2 = b.add_many(values)
     b.flush()
     return {"rows": [{"got": r.values() if r is not None else None, "want": host_stats(v.cpu())}
                      for v, r in zip(values, refs)],
             "again": [r.values() if r is not None else None for r in refs2],
-            "triton_values": on_kernel, "flushes": b.flushes, "launches": launches}
+            "triton_values": on_kernel, "flushes": b.flushes, "launches": launches, "classes": classes}
 
 
 def random_values(device: str) -> list[torch.Tensor]:
@@ -157,9 +160,17 @@ def main(device: str) -> dict[str, Any]:
     finally:
         stat_triton._launch = launch
     many = stat_triton.Partials.add_many
-    stat_triton.Partials.add_many = broken  # type: ignore[assignment]
+    tries: list[str] = []
+
+    def broken_many(self: Any, values: list[torch.Tensor], aligned: bool = False) -> None:
+        tries.append(str(values[0].dtype))
+        raise RuntimeError("Failed to find C compiler")
+
+    stat_triton.Partials.add_many = broken_many  # type: ignore[assignment]
     try:
-        out["many_broken"] = measure_many([torch.randn(100, device=device), torch.randn(7, device=device).half()])
+        out["many_broken"] = measure_many([torch.randn(100, device=device), torch.randn(7, device=device).half(),
+                                           torch.randn(9, device=device).bfloat16()])
+        out["many_broken"]["tries"] = tries
     finally:
         stat_triton.Partials.add_many = many  # type: ignore[assignment]
     # the direct launch of the compiled kernel (CUDA) gives the rows Triton's own launch gives

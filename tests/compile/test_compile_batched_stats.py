@@ -184,6 +184,35 @@ def test_one_batcher_call_per_group_of_values(tmp_path, monkeypatch):
     assert len(calls) <= 3 * (len(recs) // 8 + 2)  # whole groups, forward and backward graph
 
 
+def test_dynamic_shapes_are_grouped_too(tmp_path, monkeypatch):
+    """Values of symbolic size are grouped by the size they had when traced (a symbolic size
+    counted as a full group made every such value a group of its own: one op call per value)."""
+    calls = []
+    real = StatBatcher.add_many
+
+    def add_many(self, vs):
+        calls.append(len(vs))
+        return real(self, vs)
+
+    monkeypatch.setattr(StatBatcher, "add_many", add_many)
+    torch.manual_seed(0)
+    m = Deep(3)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    cap = compile_backend(tmp_path / "d", inner="eager", device_stats=True)
+    torch._dynamo.reset()
+    run = torch.compile(m, backend=cap, dynamic=True)
+    cap.attach(opt)
+    for i, n in enumerate([8, 5, 13]):
+        x = torch.randn(n, 16, generator=torch.Generator().manual_seed(i))
+        opt.zero_grad()
+        run(x).square().mean().backward()
+        opt.step()
+    cap.close()
+    # one call per graph run (forward, backward) and step: 6, not one per value
+    assert len(calls) == 6, calls
+    assert [len(_records(tmp_path / "d", s)) for s in range(3)] == [sum(calls) // 3] * 3
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_default_path_is_batched_and_agrees_with_the_host_statistics(tmp_path):  # pragma: no cover
     """On a GPU, by default: the values go through the batcher (no per-value reductions), the

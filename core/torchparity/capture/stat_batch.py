@@ -235,21 +235,26 @@ class StatBatcher:
         :mod:`~torchparity.compile.stats_op`) instead of one launch and some 15 us of host time
         each. The returned refs are in ``values``' order."""
         refs: list[RowRef | None] = [None] * len(values)
-        batches: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        # one launch per device, dtype and alignment: values whose address and size are multiples of
+        # 16 are read with 16-byte loads (stat_triton._stats_partials_multi's ALIGNED)
+        batches: dict[tuple[torch.device, torch.dtype, bool], list[int]] = {}
         for i, v in enumerate(values):
-            if self.triton is not False and type(v) in _PLAIN and v.layout == torch.strided and v.numel() \
+            n = v.numel()
+            if self.triton is not False and type(v) in _PLAIN and v.layout == torch.strided and n \
                     and stat_triton.eligible(v) and self._triton_on(v.device):
-                batches.setdefault((v.device, v.dtype), []).append(i)
+                batches.setdefault((v.device, v.dtype, v.data_ptr() % 16 == 0 and n % 16 == 0), []).append(i)
             else:
                 refs[i] = self.add(v)
-        for (device, _), idx in batches.items():
-            done = self._add_triton_many(device, [values[i] for i in idx], idx, refs)
+        for (device, _, aligned), idx in batches.items():
+            # (the kernel failed on this device for an earlier batch: the staging path for the rest)
+            done = self._add_triton_many(device, [values[i] for i in idx], idx, refs, aligned) \
+                if self._triton_on(device) else 0
             for i in idx[done:]:  # the kernel failed: the staging path (add's, from now on)
                 refs[i] = self.add(values[i])
         return refs
 
     def _add_triton_many(self, device: torch.device, vals: list[torch.Tensor], idx: list[int],
-                         refs: list[RowRef | None]) -> int:
+                         refs: list[RowRef | None], aligned: bool = False) -> int:
         """Launch ``vals`` (one dtype) in as few launches as the partial-row limit allows; their
         refs go to ``refs[idx[j]]``. Returns how many were queued (fewer when a launch failed)."""
         key = (device, None)
@@ -272,7 +277,7 @@ class StatBatcher:
                 self._flush_group(g)
                 continue
             try:
-                p.add_many(vals[start:end])
+                p.add_many(vals[start:end], aligned)
             except Exception as exc:  # noqa: BLE001 - any failure of Triton's compile or launch
                 self._triton_devices[device] = False
                 _log.warning("torchparity: statistics on %s take the staging path: the Triton kernel failed (%s: %s)",

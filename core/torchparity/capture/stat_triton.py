@@ -128,13 +128,21 @@ def _load() -> bool:
     # values: one launch per group of values instead of one per value). Program ``pid`` reads the
     # chunk ``tab[pid] = (value, start, end)`` of the value whose address is ``ptrs[value]``, in
     # int64 offsets, and writes partial row ``row0 + pid``; a value's chunks are consecutive programs.
+    # ALIGNED: every value's address and size are multiples of 16 (the caller checked), so every
+    # chunk's bounds are too and its loads can be whole 16-byte vectors, as Triton's own
+    # specialization gives the one-value kernel (bench/triton_ptx.py shows the loads)
     @triton.jit(do_not_specialize=["row0"])
     def _stats_partials_multi(ptrs, tab, out_ptr, row0, BLOCK: tl.constexpr,  # type: ignore[no-untyped-def]  # noqa: N803
-                              DTYPE: tl.constexpr):  # noqa: N803
+                              DTYPE: tl.constexpr, ALIGNED: tl.constexpr):  # noqa: N803
         pid = tl.program_id(0)
         x_ptr = tl.load(ptrs + tl.load(tab + pid * 3)).to(tl.pointer_type(DTYPE))
-        _partial_row(x_ptr, tl.load(tab + pid * 3 + 1), tl.load(tab + pid * 3 + 2), 2 * BLOCK,
-                     out_ptr + (row0 + pid) * 6, BLOCK)
+        start = tl.load(tab + pid * 3 + 1)
+        end = tl.load(tab + pid * 3 + 2)
+        if ALIGNED:
+            x_ptr = tl.multiple_of(x_ptr, 16)
+            start = tl.multiple_of(start, 16)
+            end = tl.multiple_of(end, 16)
+        _partial_row(x_ptr, start, end, 2 * BLOCK, out_ptr + (row0 + pid) * 6, BLOCK)
 
     _loaded = True
     return True
@@ -295,11 +303,12 @@ class Partials:
         per = -(-per // (2 * BLOCK)) * (2 * BLOCK)
         return per, -(-n // per)
 
-    def add_many(self, values: list[torch.Tensor]) -> None:
+    def add_many(self, values: list[torch.Tensor], aligned: bool = False) -> None:
         """ONE launch of :func:`_stats_partials_multi` for ``values`` (one dtype, each
         :func:`eligible`; their partial rows follow the previous values', at most
         :data:`LIMIT_ROWS` in all: the caller splits). The chunk table is made once per list of
-        sizes; the table of addresses is sent again only when an address changed."""
+        sizes; the table of addresses is sent again only when an address changed. ``aligned``:
+        every value's address and size are multiples of 16 (16-byte loads)."""
         dtype = values[0].dtype
         numels = tuple(v.numel() for v in values)
         plan = self._plans.get((dtype, numels))
@@ -325,7 +334,7 @@ class Partials:
             self._ptrs = (ptrs, ptr_table)
         buf = self._room(self.used + total)
         args = (ptr_table, tab, buf, self.used)
-        kw = {"BLOCK": BLOCK, "DTYPE": getattr(tl, _TL_NAMES[dtype]), "num_warps": NUM_WARPS}
+        kw = {"BLOCK": BLOCK, "DTYPE": getattr(tl, _TL_NAMES[dtype]), "ALIGNED": bool(aligned), "num_warps": NUM_WARPS}
         if self.device.type == "cuda" and self.device.index != _current_device():
             with torch.cuda.device(self.device):
                 _stats_partials_multi[(total,)](*args, **kw)

@@ -11,8 +11,8 @@ changes nothing of the user's kernels.
 On the CPU, ``value_stats`` computes what the eager capture computes
 (:func:`..capture.stats.host_stats`: three passes, NaN/Inf counted only when an extreme is not
 finite; reading a CPU scalar costs no sync) and returns it in float64, so a value equal in a
-compiled and an eager run has equal statistics; Inductor runs it right after the value is made,
-while it is in the cache. On an accelerator, inside a capture's graph run (:func:`collecting`),
+compiled and an eager run has equal statistics (one node per value, which Inductor schedules
+where it sees fit: often right after the value is made). On an accelerator, inside a capture's graph run (:func:`collecting`),
 a group of values goes to the capture's :class:`~..capture.stat_batch.StatBatcher` in one
 ``value_stats_many`` call: one Triton kernel launch per dtype for the group (or one copy kernel
 per value into the batcher's staging buffer), the reductions of many values at once when it
@@ -99,7 +99,7 @@ _NAN_ROW = [float("nan")] * 6
 
 
 def _value_stats_many(xs: list[torch.Tensor], first_slot: int = 0) -> torch.Tensor:
-    """The statistics of every captured value of a graph run, in ONE op call at the graph's end:
+    """The statistics of a group of captured values (consecutive in the graph) in ONE op call:
     ``[len(xs), 6]`` float64 on the first value's device. Inside a capture run, accelerator values
     go to the batcher together (:meth:`~..capture.stat_batch.StatBatcher.add_many`: one kernel
     launch per dtype, not one launch and some 50 us of host time per value); their rows are the
@@ -156,6 +156,7 @@ def value_stats_op() -> torch._ops.OpOverload:
 
 
 def value_stats_many_op() -> torch._ops.OpOverload:
-    """The many-values op (defined on first use): what the graph pass adds, once per graph."""
+    """The many-values op (defined on first use): what the graph pass adds once per group of
+    values on an accelerator (:func:`~.instrument._stats_nodes`)."""
     _define()
     return torch.ops.torchparity.value_stats_many.default
