@@ -50,6 +50,30 @@ wheel_check() {
   local site; site=$(python -c "import torchparity, os; print(os.path.dirname(torchparity.__file__))")
   diff -rq --exclude=__pycache__ core/torchparity "$site" && echo "installed wheel = working tree" || echo "STALE WHEEL"
 }
+# session 16's steps, each under its own time limit (seconds, the first argument)
+s16_pytest() {  # LIMIT [more test paths]: the CUDA tests of the statistics kernel, the compiled capture, the tracker
+  local limit=$1; shift
+  stamp pytest; timeout "$limit" python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short \
+    tests/capture/test_stat_triton.py tests/compile/test_compile_batched_stats.py tests/online/test_naninf_host_reads.py \
+    "$@" > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
+}
+s16_checks() { stamp checks; timeout "$1" python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -5 "$out/checks.log"; }
+s16_compile() {  # LIMIT COLD_COMPILES
+  stamp compile; timeout "$1" python bench/bench_compile.py --device cuda --compiles "$2" --rounds 3 --steps 7 \
+    --out "$out/compile_cuda.md" 2>&1 | grep -E '^\||Capture'
+}
+s16_llama1b() {
+  stamp llama1b-batch8; timeout "$1" python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
+    --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E '^\|'
+}
+s16_cprof_naninf() {  # LIMIT TOP
+  stamp cprof-llama1b-b8-naninf; timeout "$1" python bench/profile_dump.py --device cuda --model llama1b --batch 8 --naninf \
+    --steps 2 --top "$2" > "$out/cprof_llama1b_b8_naninf.txt" 2>&1; head -1 "$out/cprof_llama1b_b8_naninf.txt"
+}
+s16_cprof_compiled() {  # LIMIT TOP SORT
+  stamp cprof-compiled; timeout "$1" python bench/profile_dump.py --device cuda --compiled --steps 5 --top "$2" --sort "$3" \
+    > "$out/cprof_compiled.txt" 2>&1; grep -m1 "ms/step" "$out/cprof_compiled.txt"
+}
 if [ "$part" = s11 ]; then
   export PYTHONUNBUFFERED=1
   python -c "import torch; print('triton', __import__('triton').__version__)" 2>&1
@@ -178,46 +202,32 @@ elif [ "$part" = next ]; then
 elif [ "$part" = s16a ]; then
   export PYTHONUNBUFFERED=1
   wheel_check
-  stamp pytest; timeout 75 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short tests/capture/test_stat_triton.py \
-    tests/capture/test_stat_batch.py tests/compile/test_compile_batched_stats.py tests/online/test_naninf_host_reads.py \
-    tests/backends tests/dump/test_faults.py > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
-  stamp checks; timeout 40 python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -5 "$out/checks.log"
-  stamp llama1b-batch8; timeout 100 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
-    --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E '^\|'
-  stamp cprof-llama1b-b8-naninf; timeout 45 python bench/profile_dump.py --device cuda --model llama1b --batch 8 --naninf \
-    --steps 2 --top 40 > "$out/cprof_llama1b_b8_naninf.txt" 2>&1; head -1 "$out/cprof_llama1b_b8_naninf.txt"
-  stamp compile; timeout 45 python bench/bench_compile.py --device cuda --compiles 0 --rounds 3 --steps 7 \
-    --out "$out/compile_cuda.md" 2>&1 | grep -E '^\|'
-  stamp cprof-compiled; timeout 40 python bench/profile_dump.py --device cuda --compiled --steps 5 --top 40 \
-    > "$out/cprof_compiled.txt" 2>&1; head -1 "$out/cprof_compiled.txt"
+  s16_pytest 75 tests/capture/test_stat_batch.py tests/backends tests/dump/test_faults.py
+  s16_checks 40
+  s16_llama1b 100
+  s16_cprof_naninf 45 40
+  s16_compile 45 0
+  s16_cprof_compiled 40 40 tottime
   stamp stream-bench; timeout 40 python bench/bench_stream.py --device cuda --model bench --rounds 3 --levels module,aten \
     --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
   stamp done
 elif [ "$part" = s16b ]; then
   export PYTHONUNBUFFERED=1
   wheel_check
-  stamp pytest; timeout 100 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short tests/capture/test_stat_triton.py \
-    tests/compile/test_compile_batched_stats.py tests/online/test_naninf_host_reads.py > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
-  stamp checks; timeout 40 python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -5 "$out/checks.log"
-  stamp compile; timeout 45 python bench/bench_compile.py --device cuda --compiles 0 --rounds 3 --steps 7 \
-    --out "$out/compile_cuda.md" 2>&1 | grep -E '^\|'
-  stamp llama1b-batch8; timeout 100 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
-    --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E '^\|'
-  stamp cprof-llama1b-b8-naninf; timeout 45 python bench/profile_dump.py --device cuda --model llama1b --batch 8 --naninf \
-    --steps 2 --top 45 > "$out/cprof_llama1b_b8_naninf.txt" 2>&1; head -1 "$out/cprof_llama1b_b8_naninf.txt"
+  s16_pytest 100
+  s16_checks 40
+  s16_compile 45 0
+  s16_llama1b 100
+  s16_cprof_naninf 45 45
   stamp done
 elif [ "$part" = s16c ]; then
   export PYTHONUNBUFFERED=1
   wheel_check
-  stamp pytest; timeout 60 python -m pytest -p no:cacheprovider -p no:warnings -rfE --tb=short tests/capture/test_stat_triton.py \
-    tests/compile/test_compile_batched_stats.py tests/online/test_naninf_host_reads.py > "$out/pytest.txt" 2>&1; tail -3 "$out/pytest.txt"
-  stamp checks; timeout 20 python bench/gpu_checks.py --out "$out/checks.md" > "$out/checks.log" 2>&1; tail -5 "$out/checks.log"
-  stamp compile; timeout 130 python bench/bench_compile.py --device cuda --compiles 1 --rounds 3 --steps 7 \
-    --out "$out/compile_cuda.md" 2>&1 | grep -E '^\||Capture'
-  stamp llama1b-batch8; timeout 100 python bench/bench_stream.py --device cuda --model llama1b --dtype bfloat16 --batch 8 \
-    --rounds 1 --warmup 2 --levels module,aten --out "$out/stream_llama1b_b8.md" 2>&1 | grep -E '^\|'
-  stamp cprof-compiled; timeout 30 python bench/profile_dump.py --device cuda --compiled --steps 5 --top 50 --sort cumulative \
-    > "$out/cprof_compiled.txt" 2>&1; grep -m1 "ms/step" "$out/cprof_compiled.txt"
+  s16_pytest 60
+  s16_checks 20
+  s16_compile 130 1
+  s16_llama1b 100
+  s16_cprof_compiled 30 50 cumulative
   stamp done
 elif [ "$part" = issues17_18 ]; then
   python -m pytest -q -p no:cacheprovider tests/compile tests/watch 2>&1 | tail -5 | tee "$out/pytest_17_18.txt"

@@ -164,11 +164,10 @@ def test_the_many_values_op_measures_what_the_batcher_does_not_take():
     assert _MANY_PLACEHOLDERS and all(p.grad_fn is None and not p.requires_grad for p in _MANY_PLACEHOLDERS.values())
 
 
-def test_one_batcher_call_per_group_of_values(tmp_path, monkeypatch):
-    """A graph run's values reach the batcher in groups of up to GROUP_VALUES consecutive values
-    (one call, and one kernel launch per dtype where the Triton kernel runs), not one call per value."""
-
-    calls = []
+@pytest.fixture
+def batcher_calls(monkeypatch):
+    """The number of values of each ``StatBatcher.add_many`` call, in order."""
+    calls: list[int] = []
     real = StatBatcher.add_many
 
     def add_many(self, vs):
@@ -176,6 +175,13 @@ def test_one_batcher_call_per_group_of_values(tmp_path, monkeypatch):
         return real(self, vs)
 
     monkeypatch.setattr(StatBatcher, "add_many", add_many)
+    return calls
+
+
+def test_one_batcher_call_per_group_of_values(tmp_path, monkeypatch, batcher_calls):
+    """A graph run's values reach the batcher in groups of up to GROUP_VALUES consecutive values
+    (one call, and one kernel launch per dtype where the Triton kernel runs), not one call per value."""
+    calls = batcher_calls
     monkeypatch.setattr("torchparity.compile.instrument.GROUP_VALUES", 8)  # several groups per graph
     cap = compile_backend(tmp_path / "c", inner="eager", device_stats=True)
     _train(cap, steps=3)
@@ -184,17 +190,10 @@ def test_one_batcher_call_per_group_of_values(tmp_path, monkeypatch):
     assert len(calls) <= 3 * (len(recs) // 8 + 2)  # whole groups, forward and backward graph
 
 
-def test_dynamic_shapes_are_grouped_too(tmp_path, monkeypatch):
+def test_dynamic_shapes_are_grouped_too(tmp_path, batcher_calls):
     """Values of symbolic size are grouped by the size they had when traced (a symbolic size
     counted as a full group made every such value a group of its own: one op call per value)."""
-    calls = []
-    real = StatBatcher.add_many
-
-    def add_many(self, vs):
-        calls.append(len(vs))
-        return real(self, vs)
-
-    monkeypatch.setattr(StatBatcher, "add_many", add_many)
+    calls = batcher_calls
     torch.manual_seed(0)
     m = Deep(3)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
