@@ -3,6 +3,8 @@ from harmful ones (findings): issue 14, "NaN/Inf semantics that match what users
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -267,3 +269,38 @@ def test_a_long_in_place_history_neither_invents_nor_hides_a_finding(device_path
         assert found == want, (nan_at, [(f.op, f.module) for f in t.findings])
         if nan_at is None:
             assert t.findings == [] and [(f.op, f.module) for f in t.absorbed] == [("aten.log.default", "1")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("host", [True, False])
+def test_a_nan_set_into_a_row_in_place_is_traced_to_its_creation(dtype: torch.dtype, host: bool) -> None:
+    """``h[0, 3] = log(-1)`` on a 3-d activation (a forward hook): a NaN scalar broadcast into a
+    row in place (a kernel that writes its argument, not a copy op) is named at the log on both
+    paths. Found by a new-user check (session 16): the device path reported an "entered" NaN at
+    the next reader and the log as absorbed, on HF Llama, BERT, GPT-2, T5 and a CNN (also with a
+    narrowing write into a bfloat16 tensor under fp16 autocast)."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(16, 16)
+            self.b = torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    def hook(mod: torch.nn.Module, inp: Any, out: torch.Tensor) -> torch.Tensor:
+        h = out.clone()
+        h[0, 3] = torch.log(torch.tensor(-1.0))
+        return h
+
+    torch.manual_seed(0)
+    m = Net().to(dtype)
+    m.a.register_forward_hook(hook)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    t = NanInfTracker(m, on_failure="log")
+    t._host_read = host
+    with t:
+        m(torch.randn(2, 5, 16, dtype=dtype)).float().mean().backward()
+        opt.step()
+    assert [(f.kind, f.op, f.module) for f in t.findings] == [("created", "aten.log.default", "a")]

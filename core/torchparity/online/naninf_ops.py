@@ -28,6 +28,16 @@ _MAX_WSCREENS = 64
 class OpChecks:
     """Mixin of :class:`~torchparity.online.naninf.NanInfTracker`: the checks of one op."""
 
+    def _wrote_screen(self, ptr: int, f: torch.Tensor) -> None:
+        """The device path: values whose screen is ``f`` were written into storage ``ptr`` in place
+        (a copy, ``fill_`` with a tensor value, an in-place op): whoever reads that storage next
+        reads their creation sites (the lineage walk, SiteJudge._device_lineage)."""
+        ws = self._wscreens.setdefault(ptr, [])
+        if len(ws) < _MAX_WSCREENS:
+            ws.append(f)
+        else:  # a long in-place history (a KV cache): lineage incomplete
+            self._wtrunc.add(ptr)
+
     def _aliasing(self, run: Any, args: tuple, kwargs: dict, src: torch.Tensor, info: _OpInfo, n: int) -> Any:
         """A view, copy or exact scaling: its outputs share the screen of ``src`` (no table entry;
         it cannot be a culprit). Narrowing casts (float32 -> float16 can overflow) are checked."""
@@ -70,11 +80,7 @@ class OpChecks:
                             if f >> 2:
                                 self._wsites[ptr] = self._wsites.get(ptr, 0) | (f >> 2)
                         elif isinstance(f, torch.Tensor):  # the device path: the fold will tell
-                            ws = self._wscreens.setdefault(ptr, [])
-                            if len(ws) < _MAX_WSCREENS:
-                                ws.append(f)
-                            else:  # a long in-place history (a KV cache): lineage incomplete
-                                self._wtrunc.add(ptr)
+                            self._wrote_screen(ptr, f)
                 elif t.numel():  # a narrowing cast: may overflow, so it is measured
                     if hit[3] is _PENDING:
                         self._resolve()

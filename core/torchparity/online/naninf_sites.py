@@ -145,6 +145,8 @@ class SiteJudge:
                 out_ids.append(id(f))
                 if self._state_device is None:
                     self._state_device = f.device
+                if writes and e[1] >= 0:  # written in place (``h[0, 3] = log(-1)`` is a fill_):
+                    self._wrote_screen(e[1], f)  # its readers read this op's sites (host: _wsites)
         phase = self._table[j][1][6]
         sink = is_sink(phase, self._tracker is None or self._tracker.current() is None)
         # lineage, walked on the host only in a step where the device found a creation site
