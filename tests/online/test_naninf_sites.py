@@ -304,3 +304,40 @@ def test_a_nan_set_into_a_row_in_place_is_traced_to_its_creation(dtype: torch.dt
         m(torch.randn(2, 5, 16, dtype=dtype)).float().mean().backward()
         opt.step()
     assert [(f.kind, f.op, f.module) for f in t.findings] == [("created", "aten.log.default", "a")]
+
+
+@pytest.mark.parametrize("host", [True, False])
+def test_an_additive_minus_inf_mask_passed_in_is_no_finding_but_nan_data_is(host: bool) -> None:
+    """A non-finite value no tracked op made is a finding once it reaches a sink (NaN data reaches
+    the loss and the gradients), not when it is absorbed on the way (an additive -inf attention
+    mask passed to the model as an input, softmaxed away). Found by a new-user check (session 16):
+    a toy attention and HF Llama with a 4-d -inf mask were reported 'entered' on both paths."""
+
+    class Attn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = torch.nn.Linear(16, 16)
+            self.k = torch.nn.Linear(16, 16)
+            self.o = torch.nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.o(torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2) + mask, -1) @ x)
+
+    torch.manual_seed(0)
+    m = Attn()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    mask = torch.zeros(8, 8).masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf"))
+    x = torch.randn(2, 8, 16)
+    t = NanInfTracker(m, on_failure="log")
+    t._host_read = host
+    with t:
+        m(x, mask).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        t.step()
+        bad = x.clone()
+        bad[0, 1, 2] = float("nan")
+        m(bad, mask).pow(2).mean().backward()
+        opt.step()
+    # one finding, in the step whose data held NaN (the -inf mask's clean step has none)
+    assert [f.kind for f in t.findings] == ["entered"] and t.findings[0].step >= 1, t.findings

@@ -175,7 +175,9 @@ class SiteJudge:
             if self._state is not None:
                 c_key, e_key = (int(x) for x in self._state.tolist())
                 self._keep.clear()
-                if c_key < _SENTINEL and self._dev_keys:  # device-judged sites: walk their lineage
+                # device-judged sites, or a non-finite value no tracked op made (an additive -inf
+                # mask passed in, NaN data): walk the lineage (did it reach a sink?)
+                if (c_key < _SENTINEL or (e_key < _SENTINEL and self.report_entered)) and self._dev_keys:
                     self._device_lineage()
                 self._dev_keys = []  # read: a later check() or step end does not read them again
                 if e_key < _SENTINEL:
@@ -191,7 +193,10 @@ class SiteJudge:
             found = sorted((x for i, x in enumerate(sites) if harm >> i & 1), key=lambda x: x[0])
             absorbed = sorted((x for i, x in enumerate(sites) if not harm >> i & 1), key=lambda x: x[0])
             findings = [self._finding("created", *x) for x in found]
-            if not findings and entered is not None and self.report_entered:
+            # a non-finite value no tracked op made is a finding once it reaches a sink (NaN data:
+            # the loss, a gradient) or when no sink ran; absorbed (an additive -inf attention mask
+            # passed in as an input, softmaxed away) it is not (found by a new-user check, session 16)
+            if not findings and entered is not None and self.report_entered and (self._lost or not self._sunk):
                 findings = [self._finding("entered", entered[0], entered[1], "NaN/Inf")]
             return findings, [self._finding("absorbed", *x) for x in absorbed]
 
@@ -210,11 +215,13 @@ class SiteJudge:
                 seq, row = self._table[j]
                 self._harm |= 1 << self._site(seq, row, value)
             self._sunk = True
+            self._lost = True  # never hide: whatever entered may have reached a sink
             return
         masks: dict[int, int] = {}
         # screens that may hold NaN/Inf of sites the walk cannot name (a storage written in place
         # more often than remembered, _MAX_WSCREENS): reaching a sink non-finite, every site is harmful
         unknown: set[int] = set()
+        nonfinite: set[int] = set()  # output screens the device found non-finite
         k = 0
         alias = self._lin_alias
 
@@ -244,6 +251,8 @@ class SiteJudge:
                 b = flags[k]
                 k += 1
                 masks[o] = m if b else 0
+                if b:
+                    nonfinite.add(o)
                 if u and b:
                     unknown.add(o)
                 bad = bad or b
@@ -254,7 +263,7 @@ class SiteJudge:
                 self._sink(m)
         for i in self._dev_out:
             m, _ = sites_of(i)
-            if m:
+            if m or i in nonfinite:  # (no site: a non-finite output of what entered)
                 self._sink(m)
             if i in unknown:
                 self._sink(0)
