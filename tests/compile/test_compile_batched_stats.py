@@ -148,7 +148,7 @@ def test_the_many_values_op_measures_what_the_batcher_does_not_take():
     """The graph's one statistics op: staged values get the batcher's rows (in the graph's slot
     order, from ``first_slot``), an empty value its own NaN row; with every value staged it hands
     back a placeholder that carries no autograd history."""
-    from torchparity.compile.stats_op import _MANY_PLACEHOLDERS, collecting, value_stats_many_op
+    from torchparity.compile.stats_op import _PLACEHOLDERS, collecting, value_stats_many_op
 
     op = value_stats_many_op()
     refs = [None] * 4
@@ -161,7 +161,7 @@ def test_the_many_values_op_measures_what_the_batcher_does_not_take():
     with collecting(StatBatcher(), refs, cpu_too=True):
         op([x * 2, x + 1], 0)
     assert all(r is not None for r in refs)
-    assert _MANY_PLACEHOLDERS and all(p.grad_fn is None and not p.requires_grad for p in _MANY_PLACEHOLDERS.values())
+    assert _PLACEHOLDERS and all(p.grad_fn is None and not p.requires_grad for p in _PLACEHOLDERS.values())
 
 
 @pytest.fixture

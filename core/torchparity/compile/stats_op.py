@@ -12,9 +12,9 @@ On the CPU, ``value_stats`` computes what the eager capture computes
 (:func:`..capture.stats.host_stats`: three passes, NaN/Inf counted only when an extreme is not
 finite; reading a CPU scalar costs no sync) and returns it in float64, so a value equal in a
 compiled and an eager run has equal statistics (one node per value, which Inductor schedules
-where it sees fit: often right after the value is made). On an accelerator, inside a capture's graph run (:func:`collecting`),
-a group of values goes to the capture's :class:`~..capture.stat_batch.StatBatcher` in one
-``value_stats_many`` call: one Triton kernel launch per dtype for the group (or one copy kernel
+where it sees fit: often right after the value is made). On an accelerator, inside a capture's
+graph run (:func:`collecting`), a group of values goes to the capture's
+:class:`~..capture.stat_batch.StatBatcher` in one ``value_stats_many`` call: one Triton kernel launch per dtype for the group (or one copy kernel
 per value into the batcher's staging buffer), the reductions of many values at once when it
 flushes, no host sync; the op returns an uninitialised placeholder (each row is the batcher's,
 found by its ``slot``). A value the batcher does not take is measured by the op itself
@@ -56,15 +56,19 @@ def _acc(x: torch.Tensor) -> torch.dtype:
 #: what the op returns for a batched value, one per (device, dtype): the value's row is the
 #: batcher's, and the capture's wrapper drops this output unread (a fresh ``torch.empty`` per
 #: value cost ~5 us of host time on the GPU's allocator, a third of queuing the value)
-_PLACEHOLDERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_PLACEHOLDERS: dict[tuple[torch.device, torch.dtype, tuple[int, ...]], torch.Tensor] = {}
 
 
-def _placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    p = _PLACEHOLDERS.get((device, dtype))
+def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...] = (6,)) -> torch.Tensor:
+    """The unwritten output of a statistics op whose rows are all the batcher's (one per device,
+    dtype and shape), as a fresh alias: autograd metadata an op call may attach to its output
+    never lands on the shared tensor."""
+    key = (device, dtype, shape)
+    p = _PLACEHOLDERS.get(key)
     if p is None:
         with torch.inference_mode(False), torch.no_grad():
-            p = _PLACEHOLDERS[(device, dtype)] = torch.empty((6,), dtype=dtype, device=device)
-    return p
+            p = _PLACEHOLDERS[key] = torch.empty(shape, dtype=dtype, device=device)
+    return p.detach()
 
 
 def _value_stats(x: torch.Tensor, slot: int = -1) -> torch.Tensor:
@@ -73,9 +77,7 @@ def _value_stats(x: torch.Tensor, slot: int = -1) -> torch.Tensor:
         ref = run[0].add(x)
         if ref is not None:  # None: nothing to stage (an empty value at run time): measured below
             run[1][slot] = ref
-            # a fresh alias (no kernel, no storage): autograd metadata an op call may attach to
-            # its output never lands on the shared tensor
-            return _placeholder(x.device, _acc(x)).detach()
+            return _placeholder(x.device, _acc(x))
     if x.device.type == "cpu":
         vals = host_stats(x)
         if vals is None:  # empty
@@ -91,11 +93,6 @@ def _value_stats(x: torch.Tensor, slot: int = -1) -> torch.Tensor:
 
 def _value_stats_meta(x: torch.Tensor, slot: int = -1) -> torch.Tensor:
     return torch.empty((6,), dtype=_acc(x), device=x.device)
-
-
-#: what the many-values op returns when every value was batched, per (device, number of values)
-_MANY_PLACEHOLDERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-_NAN_ROW = [float("nan")] * 6
 
 
 def _value_stats_many(xs: list[torch.Tensor], first_slot: int = 0) -> torch.Tensor:
@@ -117,14 +114,7 @@ def _value_stats_many(xs: list[torch.Tensor], first_slot: int = 0) -> torch.Tens
                     refs[first_slot + i] = ref
                     done[i] = True
         if all(done):
-            p = _MANY_PLACEHOLDERS.get((device, k))
-            if p is None:
-                with torch.inference_mode(False), torch.no_grad():
-                    p = _MANY_PLACEHOLDERS[(device, k)] = torch.empty((k, 6), dtype=torch.float64, device=device)
-            return p.detach()
-    if device.type == "cpu" and all(x.device.type == "cpu" for x in xs):  # one host tensor of every row
-        rows = [_NAN_ROW if d else (host_stats(x) or _NAN_ROW) for x, d in zip(xs, done)]
-        return torch.tensor(rows, dtype=torch.float64)
+            return _placeholder(device, torch.float64, (k, 6))
     out = torch.empty((k, 6), dtype=torch.float64, device=device)
     for i, x in enumerate(xs):
         if not done[i]:

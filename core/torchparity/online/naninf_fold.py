@@ -36,8 +36,7 @@ def _stacked(vals: list[torch.Tensor], dev: torch.device) -> torch.Tensor | None
 
     Most screens are 0-d slots of one arena (:meth:`~.naninf_screens.ScreenMemo._device_screen`):
     stacking those cost ~0.8 us each on an H200 host, where 0-d screens allocated one by one cost
-    ~8 us each (bench/results/session16/). (Inside a dispatch mode views carry no ``_base``, so a
-    slot cannot be told from another 0-d tensor cheaply enough to gather it by index instead.)"""
+    ~8 us each (bench/results/session16/)."""
     if not vals:
         return None
     return torch.stack([v if v.device == dev else v.to(dev, non_blocking=True) for v in vals])
@@ -73,11 +72,13 @@ class DeviceFold:
                 self._keep.append(t)
                 return t.to(dev, non_blocking=True)
 
-            def flags(ops: list[int], screens: torch.Tensor | None, test: Any) -> torch.Tensor:
-                """Per op: how many of its ``screens`` (one per entry of ``ops``) pass ``test``."""
+            def flags(ops: Any, screens: torch.Tensor | None, test: Any) -> torch.Tensor:
+                """Per op: how many of its ``screens`` pass ``test`` (``ops``: the op of each
+                screen, a list or its index tensor already on the device)."""
                 acc = torch.zeros(n_ops, dtype=torch.int32, device=dev)
                 if screens is not None:
-                    acc.index_add_(0, idx(ops, start), test(screens).to(torch.int32))
+                    acc.index_add_(0, ops if isinstance(ops, torch.Tensor) else idx(ops, start),
+                                   test(screens).to(torch.int32))
                 return acc
 
             def nonfinite(x: torch.Tensor) -> torch.Tensor:
@@ -85,11 +86,12 @@ class DeviceFold:
 
             in_bad = flags(p.in_op, _stacked(p.in_val, dev), nonfinite)
             ext_bad = flags(p.ext_op, _stacked(p.ext_val, dev), nonfinite)
-            outs = _stacked(p.out_val, dev)  # stacked once for the three uses
-            out_bad = flags(p.out_op, outs, nonfinite)
+            outs = _stacked(p.out_val, dev)  # stacked (and their ops sent) once for the three uses
+            out_ops = idx(p.out_op, start) if outs is not None else None
+            out_bad = flags(out_ops, outs, nonfinite)
             if outs is not None:  # per output screen, for the lineage of a step with a creation site
                 self._dev_outflags.append(nonfinite(outs))
-            out_nan = flags(p.out_op, outs, torch.isnan)
+            out_nan = flags(out_ops, outs, torch.isnan)
             for ops, acc in ((p.bad_in_ops, in_bad), (p.bad_ext_ops, ext_bad), (p.bad_out_ops, out_bad),
                              (p.nan_out_ops, out_bad), (p.nan_out_ops, out_nan)):
                 if ops:
