@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..results import Suspect
-from . import error_model, grad_sinks
+from . import bwd_reductions, error_model, grad_sinks, hidden_flips
 from .suspects import _enclosing_module, _fmt, _isnan, _prefer_inner
 
 #: relative tolerances by dtype (torch.testing defaults); the floor is FLOOR_FACTOR times this.
@@ -212,8 +212,21 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         fac = grad_sinks.sibling_factor(r, error_model.cancel_scale(rows)[dev], is_out,
                                         pd.Series(sink, index=rec_ids), recs["module"])
         agg_row, ext_row = agg_row * fac, ext_row * fac
+    # the gradient of a broadcast factor (an api-level mul's backward): a sum, judged as a reduction
+    # on its own aggregate channel (bwd_reductions)
+    red_row = bwd_reductions.reduction_rows(recs, r, is_in, is_out, nel)
+    if red_row.any():
+        o_agg_red = pd.Series(np.where(red_row, agg_row, np.nan)).groupby(r["rid"].to_numpy()).max() \
+            .reindex(rec_ids).to_numpy(dtype="float64")
+        n_red = pd.Series(np.where(red_row, nel, np.nan)).groupby(r["rid"].to_numpy()).max() \
+            .reindex(rec_ids).to_numpy(dtype="float64")
+        agg_row, ext_row = np.where(red_row, np.nan, agg_row), np.where(red_row, np.nan, ext_row)
     o_agg, i_agg, _ = _flow(r, agg_row, is_in, is_out, rec_ids, fwd)
     o_ext, i_ext, _ = _flow(r, ext_row, is_in, is_out, rec_ids, fwd)
+    if red_row.any():  # a record whose outputs are all such sums: no other channel (not its consumers')
+        only_red = pd.Series(np.where(is_out.to_numpy(), red_row, True)).groupby(r["rid"].to_numpy()).all() \
+            .reindex(rec_ids).fillna(False).to_numpy(dtype=bool) & ~np.isnan(o_agg_red)
+        o_agg, o_ext = np.where(only_red, np.nan, o_agg), np.where(only_red, np.nan, o_ext)
     # the inputs' elementwise error as the norm of the whole error vector (error_model.peak_factor):
     # what a cancelling op (a reduction) adds up
     _, i_vec, _ = _flow(r, r["err"].to_numpy() * error_model.peak_factor(rows)[dev], is_in, is_out, rec_ids, fwd)
@@ -238,6 +251,9 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # ones - a slice, a product, a dot product reading them shows it relative to its own,
         # smaller, magnitude: the extreme channel is measured against the whole error vector, i_vec)
         e_den = np.fmax(denom, np.nan_to_num(i_vec, nan=0.0)) if carried_state else denom
+        # and against the sparse error a threshold's backward upstream hides from the statistics
+        hidden = hidden_flips.hidden_inputs(recs, r, is_in, i_err)
+        e_den = np.fmax(e_den, hidden)
         s_ext = np.where(np.isinf(o_ext) & np.isinf(e_den), np.nan, o_ext / e_den)
         # aggregate channel: its own (smaller) floor, against the inputs' aggregate error
         # (elementwise input errors e reach the output's norm too: averaged to ~e/sqrt(n) over n
@@ -257,7 +273,20 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # a bias gradient of a module-level dump sums its module's output gradient: its error can
         # reach sqrt(m) ||input|| / ||bias grad|| times the input's (grad_sinks.sum_allowance)
         a_den = np.where(summed > 1.0, np.fmax(a_den, np.nan_to_num(i_err, nan=0.0) * summed), a_den)
+        a_den = np.fmax(a_den, hidden * hidden_flips.HIDDEN_TO_NORM)
         s_agg = np.where(np.isinf(o_agg) & np.isinf(a_den), np.nan, o_agg / a_den)
+        red_led = np.zeros(len(rec_ids), dtype=bool)
+        if red_row.any():  # a sum: against its inputs' whole error vector
+            i_red = np.fmax(i_err, i_vec)
+            r_den = np.fmax(np.fmax(np.nan_to_num(i_agg_k, nan=np.inf, posinf=np.inf),
+                                    floor * error_model.AGG_FLOOR_FRACTION),
+                            np.nan_to_num(i_red, nan=0.0) * np.fmax(error_model.AGG_FROM_EXT,
+                                                                    1.0 / np.sqrt(np.fmax(np.nan_to_num(n_red, nan=1.0), 1.0))))
+            s_red = np.where(np.isinf(o_agg_red) & np.isinf(r_den), np.nan, o_agg_red / r_den)
+            red_led = np.nan_to_num(s_red, nan=-1.0) > np.nan_to_num(s_agg, nan=-1.0)
+            s_agg, o_agg = np.where(red_led, s_red, s_agg), np.where(red_led, o_agg_red, o_agg)
+            i_agg = np.where(red_led, i_red, i_agg)
+            agg_frac = np.where(red_led, error_model.AGG_FLOOR_FRACTION, agg_frac)
         # cancelling ops (normalisations, reductions, weight/bias gradients): the aggregate channel
         # only (measured against what went into them); a NaN/Inf created stays a finding
         # (where the aggregate channel is known: tensor mode has one full-tensor error, judged as before)
@@ -322,6 +351,10 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
             reason = f"its inputs are finite-equal (error {_fmt(ie)}) but its {what} has NaN/Inf that the benchmark does not"
         elif math.isinf(oe):
             reason = f"its {what} differs where the benchmark's is exactly zero, while its input error is {_fmt(ie)}"
+        elif agg_led[i] and red_led[i]:
+            reason = (f"{what} norm error {_fmt(o_agg[i])} (a gradient summed over broadcast dimensions) vs its inputs' "
+                      f"whole error vector {_fmt(i_agg[i])} (floor {_fmt(floor[i] * agg_frac[i])}): amplified "
+                      f"{_fmt(score[i])}x, threshold {threshold:g}")
         elif agg_led[i]:
             reason = (f"{what} norm error {_fmt(o_agg[i])} vs input norm error {_fmt(i_agg[i])} "
                       f"(floor {_fmt(floor[i] * agg_frac[i])}): amplified {_fmt(score[i])}x, "
