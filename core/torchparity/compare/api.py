@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import DumpError, TorchparityError, UsageError
 from ..results import CompareResult, Suspect
 from ..workers import automatic_workers_allowed, map_jobs
-from . import compiled, integrity, loss_scale, matching, rootcause
+from . import compiled, integrity, loss_scale, matching, rootcause, scaler_tail
 from .suspects import rank_suspects
 from .judge import judge
 from .rows import MIN_PAIRED_FRACTION  # noqa: F401  (re-exported: the documented constant)
@@ -114,15 +114,21 @@ def compare(
         raise DumpError(
             f"the dumps share no (step, rank): device has {_units(dev)}, bench has {_units(ben)}; "
             f"pass --step/--rank or dump the same steps on both sides")
+    lost = _lost_units(dev, ben, sel if step is not None or rank is not None else None)
+    if lost and not allow_partial:
+        raise DumpError(f"{lost[0]}" + (f" (and {len(lost) - 1} more)" if len(lost) > 1 else "")
+                        + "; restore it, compare the steps that are there with --step, or pass --allow-partial "
+                          "(allow_partial=True) to compare the rest")
+    warnings += lost
     common, unlike = like_pairs(dev, ben, common)  # a full step never faces a light one
     if not common:
         raise DumpError(f"the dumps share no step recorded alike ({'; '.join(unlike[:2])}); "
                         f"pass --step for a step both captured fully, or dump both with the same steps/every")
     warnings += unlike
-    for k in sorted(dkeys - bkeys):
-        warnings.append(f"step{k[0]}/rank{k[1]} exists only in the device dump; not compared")
-    for k in sorted(bkeys - dkeys):
-        warnings.append(f"step{k[0]}/rank{k[1]} exists only in the bench dump; not compared")
+    for side, reader, only in (("device", dev, dkeys - bkeys), ("bench", ben, bkeys - dkeys)):
+        for k in sorted(only):
+            warnings.append(scaler_tail.tail_line(side, *k) if scaler_tail.is_scaler_tail(reader, *k)
+                            else f"step{k[0]}/rank{k[1]} exists only in the {side} dump; not compared")
     warnings += _header_warnings(dev, ben, common)
     if tolerance_dtype is None:
         tolerance_dtype = emulated_dtype(dev, common)
@@ -186,13 +192,26 @@ def compare(
 
     root = _first([sus[0] for sus in pair_sus if sus])  # each pair's root cause: innermost, earliest
     ranked = rank_suspects(([root] if root else []) + [s for s in suspects if s is not root])
-    s = summary(rows, dev, ben, mode, root, per_pair, warnings, threshold, checkers, time.perf_counter() - t0)
+    s = summary(rows, dev, ben, mode, root, per_pair, warnings, threshold, checkers, time.perf_counter() - t0,
+                lost=lost)
     warnings += incomplete_warnings(rows, s)
     result = CompareResult(rows=rows, summary=s, root_cause=root, suspects=ranked,
                            output_dir=Path(output_dir) if output_dir is not None else None)
     report(result, reg, formats, warnings)
     s["warnings"] = warnings
     return result
+
+
+def _lost_units(dev: Any, ben: Any, sel: Any) -> list[str]:
+    """A line per step directory a dump lost (its rank wrote it, a later header says so), within
+    the ``sel`` filter of (step, rank)."""
+    out = []
+    for side, reader in (("device", dev), ("bench", ben)):
+        for s, r, by in reader.lost_units():
+            if sel is None or sel((s, r)):
+                out.append(f"the {side} dump is missing step{s}/rank{r}: step{by}/rank{r}'s header says the run "
+                           f"wrote it (deleted, moved or not copied?)")
+    return out
 
 
 def _units(r: Any) -> str:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from ..errors import DumpError, TorchparityError
+from . import scaler_tail
 
 #: the verdict of a shard: compared (see ``diverged``/``complete``) or not compared (``reason``)
 COMPARED, NOT_COMPARED = "compared", "not compared"
@@ -138,7 +139,10 @@ def plan_shards(device_dump: str, bench_dump: str, step: int | None = None, rank
         messages.append(f"the runs have different world sizes: device {wd or len(rd)} (ranks {_span(list(rd))}), "
                         f"bench {wb or len(rb)} (ranks {_span(list(rb))}); compared the ranks both have")
     for side, mine, other, other_name in (("device", dkeys, bkeys, "bench"), ("bench", bkeys, dkeys, "device")):
-        only = sorted(mine - other)
+        reader = dev if side == "device" else ben
+        tails = {k for k in mine - other if scaler_tail.is_scaler_tail(reader, *k)}
+        messages += [scaler_tail.tail_line(side, *k) for k in sorted(tails)]
+        only = sorted(mine - other - tails)
         if not only:
             continue
         steps_other = {k[0] for k in other}
@@ -158,6 +162,15 @@ def plan_shards(device_dump: str, bench_dump: str, step: int | None = None, rank
             if s not in whole_steps and r not in whole_ranks:
                 messages.append(f"step{s}/rank{r} is missing from the {other_name} dump; not compared")
             missing.append(ShardResult(s, r, NOT_COMPARED, f"only in the {side} dump"))
+    listed = {(x.step, x.rank) for x in missing}
+    for side, reader in (("device", dev), ("bench", ben)):
+        for s, r, by in reader.lost_units():
+            if sel((s, r)):
+                messages.append(f"step{s}/rank{r} is missing from the {side} dump although step{by}/rank{r}'s header "
+                                f"says the run wrote it (deleted, moved or not copied?); not compared")
+                if (s, r) not in listed:
+                    listed.add((s, r))
+                    missing.append(ShardResult(s, r, NOT_COMPARED, f"lost from the {side} dump"))
     kept, unlike = like_pairs(dev, ben, common)
     messages += unlike
     for s, r in sorted(set(common) - set(kept)):

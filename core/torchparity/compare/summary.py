@@ -44,8 +44,10 @@ def _starts(rows: Any, prefix: str) -> Any:
 
 
 def summary(rows: Any, dev: Any, ben: Any, mode: str, root: Suspect | None, per_pair: list[dict[str, Any]],
-            warnings: list[str], threshold: float, checkers: list[Any], elapsed: float) -> dict[str, Any]:
-    """The ``CompareResult.summary`` dict (see the module docstring for the counts)."""
+            warnings: list[str], threshold: float, checkers: list[Any], elapsed: float,
+            lost: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The ``CompareResult.summary`` dict (see the module docstring for the counts); ``lost``:
+    step directories a dump no longer holds (read with ``allow_partial``), counted as damage."""
     v = rows["verdict"].value_counts().to_dict()
     um = rows["match"] == "unmatched"
     first = None
@@ -55,7 +57,7 @@ def summary(rows: Any, dev: Any, ben: Any, mode: str, root: Suspect | None, per_
     diverged_pairs = [p for p in per_pair if p["root_cause"]]
     n_not_compared = int(_starts(rows, NOT_COMPARED).sum())
     n_unchecked = int(_starts(rows, UNCHECKED).sum())
-    damaged = [w for p in per_pair for w in p.get("damaged", [])]
+    damaged = [w for p in per_pair for w in p.get("damaged", [])] + list(lost)
     return {
         "device_dump": str(dev.path), "bench_dump": str(ben.path),
         "device_format": dev.format, "bench_format": ben.format, "mode": mode,

@@ -17,7 +17,7 @@ HEADER_TYPES: dict[str, tuple[type, ...]] = {
     "format": (str,), "version": (int,), "tool_version": (str, type(None)), "level": (str,), "mode": (str,),
     "checksum": (str, type(None)), "world_size": (int,), "backend": (dict,), "config": (dict,),
     "world": (dict, type(None)), "schedule": (dict, type(None)), "compile": (dict,), "tier": (str, type(None)),
-    "step": (int,), "rank": (int,),
+    "step": (int,), "rank": (int,), "prev_step": (int, type(None)),
 }
 #: fields inside ``backend`` that are read (compare's environment checks, the replay judge)
 BACKEND_TYPES: dict[str, tuple[type, ...]] = {"numerics": (dict,), "torch_version": (str,), "name": (str,)}

@@ -71,6 +71,20 @@ class DumpReader:
             + ", ".join(f"step{u.step}/rank{u.rank}" for u in self.units)
         )
 
+    def lost_units(self) -> list[tuple[int, int, int]]:
+        """``(step, rank, named_by)`` for each step directory a rank wrote but the dump no longer
+        holds: a later step's header names it as the step written before it (``prev_step``;
+        dumps from before that field name none)."""
+        have = {(u.step, u.rank) for u in self.units}
+        lost = []
+        for u in self.units:
+            if u.format != "torchparity":
+                continue
+            prev = self.header(u.step, u.rank).get("prev_step")
+            if type(prev) is int and 0 <= prev < u.step and (prev, u.rank) not in have:
+                lost.append((prev, u.rank, u.step))
+        return sorted(set(lost))
+
     def select(self, step: int | None = None, rank: int | None = None) -> list[DumpUnit]:
         """The units for a step and/or rank filter; a filter that matches nothing is an error."""
         units = [u for u in self.units if (step is None or u.step == step) and (rank is None or u.rank == rank)]
@@ -382,7 +396,7 @@ def records_to_compare_frame(records: list[dict[str, Any]], base: Path, step: in
     return cols.frame(base, warnings)
 
 
-def load_dump(path: str | Path, step: int | None = None, rank: int | None = None) -> Any:
+def load_dump(path: str | Path, step: int | None = None, rank: int | None = None, *, log_warnings: bool = True) -> Any:
     """Read a dump into a DataFrame with one row per tensor entry.
 
     Columns: ``record_id, name, op, level, phase, module, module_class, call_index, step, rank,
@@ -394,6 +408,7 @@ def load_dump(path: str | Path, step: int | None = None, rank: int | None = None
     :param path: dump root, a ``stepN`` directory or a rank directory (torchparity or msprobe).
     :param step: only this step (default: all).
     :param rank: only this rank (default: all).
+    :param log_warnings: also log each reader warning (a caller that reports them itself: False).
     :raises DumpError: the path holds no dump, or the step/rank filter matches nothing.
     """
     import gc
@@ -406,6 +421,6 @@ def load_dump(path: str | Path, step: int | None = None, rank: int | None = None
     finally:
         if was:
             gc.enable()
-    for w in df.attrs["warnings"]:
+    for w in df.attrs["warnings"] if log_warnings else ():
         log.warning(w)
     return df

@@ -166,6 +166,7 @@ class DumpWriter:
         self._closing = False
         self._dropped_late: dict[tuple[int, int], int] = {}  # records refused after self.error
         self._files: dict[tuple[int, int], _RankFiles] = {}
+        self._opened: dict[int, set[int]] = {}  # rank -> the steps whose directory this writer opened
         self._queue: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         self._queued_bytes = 0
         self._cond = threading.Condition()
@@ -254,7 +255,13 @@ class DumpWriter:
         if rf is None:
             d = self.root / f"step{step}" / f"rank{rank}"
             d.mkdir(parents=True, exist_ok=True)
+            # the step this rank wrote before this one: a reader tells a step directory that was
+            # lost (deleted, never copied) from one that was never dumped
+            opened = self._opened.setdefault(rank, set())
+            before = [s for s in opened if s < step]
+            opened.add(step)
             header = dict(self.header, **(self.step_header(step) if self.step_header else {}), step=step, rank=rank,
+                          prev_step=max(before) if before else None,
                           created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                           pid=os.getpid(), hostname=socket.gethostname())
             _atomic_write_json(d / "header.json", header)
