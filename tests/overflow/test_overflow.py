@@ -231,6 +231,38 @@ def test_cli_clean_dump_exits_zero(clean_dump: Path, tmp_path: Path):
     assert "no harmful NaN/Inf found" in r.stdout
 
 
+def test_cli_damaged_clean_dump_is_not_called_clean(clean_dump: Path, tmp_path: Path):
+    """A truncated records file (a killed run): what was read is scanned, but "no harmful NaN/Inf"
+    is not claimed for what was lost (exit 2, as compare); each warning is printed once."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(clean_dump, bad)
+    rec = bad / "step0" / "rank0" / "records.jsonl"
+    rec.write_bytes(rec.read_bytes()[: rec.stat().st_size // 2])
+    (bad / "step0" / "rank0" / "footer.json").unlink()
+    r = _cli(str(bad), "-o", str(tmp_path / "o"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "not known to be clean" in r.stdout and "no harmful NaN/Inf found" not in r.stdout
+    both = r.stdout + r.stderr
+    assert both.count("the last line was truncated") == 1, both
+    report = json.loads((tmp_path / "o" / "overflow.json").read_text())
+    assert report["complete"] is False and report["damaged"]
+
+
+def test_cli_lost_step_directory_is_not_called_clean(tmp_path: Path):
+    import shutil
+
+    path = tmp_path / "two"
+    model = make_model()
+    with torchparity.dump(str(path), fsync=False, level="module", model=model):
+        train(model, make_batches(2))
+    shutil.rmtree(path / "step0")
+    r = _cli(str(path), "-o", str(tmp_path / "o"))
+    assert r.returncode == 2 and "step0/rank0 is missing" in r.stdout, r.stdout + r.stderr
+    assert _cli(str(path), "-o", str(tmp_path / "o"), "--step", "1").returncode == 0
+
+
 def test_cli_missing_dump_is_a_one_line_usage_error(tmp_path: Path):
     r = _cli(str(tmp_path / "nope"), "-o", str(tmp_path / "o"))
     assert r.returncode == 2 and "Traceback" not in r.stderr

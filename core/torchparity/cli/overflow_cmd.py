@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from . import EXIT_FINDINGS, EXIT_OK, registry_from
+from . import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, registry_from
 from .validate import INDEX, output_dir as writable_dir
 
 
@@ -119,10 +119,20 @@ def analyse(dump: str | Path, step: int | None = None, rank: int | None = None, 
         raise UsageError("no overflow checker given")
     # only the selected units are read: an open step of a running dump (no footer yet) that
     # was not asked for must not be read, nor warned about as damaged
-    frame = load_dump(path, step=step, rank=rank)
+    frame = load_dump(path, step=step, rank=rank, log_warnings=False)  # the report lists them
     if not isinstance(frame, pd.DataFrame):
         raise DumpError(f"could not read {path} as a dump")
-    warnings = list(frame.attrs.get("warnings", []) or [])
+    from ..dump.damage import damage
+
+    warnings = list(dict.fromkeys(frame.attrs.get("warnings", []) or []))
+    lost = [str(w) for w in damage(warnings)]
+    from ..dump.reader import open_dump
+
+    for s, r, by in open_dump(path).lost_units():  # a step directory the run wrote, no longer there
+        if (step is None or s == step) and (rank is None or r == rank):
+            lost.append(f"step{s}/rank{r} is missing: step{by}/rank{r}'s header says the run wrote it "
+                        f"(deleted, moved or not copied?)")
+            warnings.append(lost[-1])
     if step is not None:
         frame = frame[frame["step"] == step]
     if rank is not None:
@@ -183,7 +193,9 @@ def analyse(dump: str | Path, step: int | None = None, rank: int | None = None, 
         "dump": str(path), "step": step, "rank": rank, "saturation_dtypes": sat,
         "records": int(len(result)), "counts": counts, "first_critical": first, "sites": sites,
         "gradscaler_skipped": [{"step": s, "rank": r, "reason": "skipped by GradScaler (found_inf); not blamed on an op"} for s, r in amp],
-        "per_step": per_step, "warnings": warnings,
+        "per_step": per_step, "warnings": [str(w) for w in warnings],
+        # a damaged dump (truncated, killed run): what was read is scanned, the rest is not known
+        "damaged": lost, "complete": not lost,
     })
 
 
@@ -213,7 +225,8 @@ def overflow(ctx: click.Context, dump: str, output: str, step: int | None, rank:
     ones (a mask's -inf, log(0) clamped away) as information, never a finding.
     Steps that GradScaler skipped (found_inf) are reported, not blamed.
     Values written on purpose (masked_fill(mask, -inf), finfo.min masks) are not overflow.
-    Exit code 1 when a harmful NaN/Inf is found, 0 when clean, 2 on bad input.
+    Exit code 1 when a harmful NaN/Inf is found, 0 when clean, 2 on bad input
+    (also a damaged dump whose readable part is clean: the rest is not known).
 
     \b
     Example (a statistics dump is enough; no benchmark needed):
@@ -264,7 +277,12 @@ def overflow(ctx: click.Context, dump: str, output: str, step: int | None, rank:
         console.print(f"step {s['step']} rank {s['rank']}: {s['reason']}")
     console.print(f"{report['records']} op records: {c['critical']} critical, {c['high']} high, {c['medium']} medium. "
                   f"Report: {out_file}")
-    if not report["first_critical"]:
-        console.print("[green]no harmful NaN/Inf found[/]")
-        return EXIT_OK
-    return EXIT_FINDINGS
+    if report["first_critical"]:
+        return EXIT_FINDINGS
+    if report["damaged"]:
+        console.print(f"[yellow]no harmful NaN/Inf in the {report['records']} records that could be read, but part of "
+                      f"the dump is lost (see the warnings above): it is not known to be clean[/] - re-dump, or "
+                      f"scan the steps that are whole with --step", highlight=False)
+        return EXIT_USAGE
+    console.print("[green]no harmful NaN/Inf found[/]")
+    return EXIT_OK
