@@ -65,6 +65,9 @@ def test_forward_and_backward_records(tmp_path):
     assert sm["mean"] == pytest.approx(0.25) and 0 < sm["min"] <= sm["max"] <= 1
     header = json.loads((tmp_path / "d" / "step0" / "rank0" / "header.json").read_text())
     assert header["compile"]["graphs"] == {"forward": 1, "backward": 1}
+    # the device, as an eager dump's header says it (torchparity info's device column was blank)
+    assert header["backend"]["device_type"] == "cpu" and header["backend"]["torch_version"] == torch.__version__
+    assert header["prev_step"] is None
     df = torchparity.load_dump(tmp_path / "d")
     assert len(df) == len(recs) and not df.attrs["warnings"]
 

@@ -38,12 +38,14 @@ class CompiledDump:
 
     def _open(self) -> Any:
         from .. import __version__
+        from ..dump.api import describe_device
         from ..dump.writer import DumpWriter
 
         self._rank = current_rank()
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__, "level": "aten",
                   "mode": "statistics", "checksum": None, "world_size": world_size(),
-                  "torch_version": torch.__version__}
+                  "torch_version": torch.__version__,
+                  "backend": describe_device(None)}  # the device, as an eager dump's header says it
         self._writer = DumpWriter(self.root, header, rank=self._rank,
                                   step_header=lambda step: {"compile": self.compile_header()},
                                   summaries=self.summaries)

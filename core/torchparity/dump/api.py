@@ -69,7 +69,7 @@ def _active_emulation() -> Any | None:
     return op_stream().emulation()
 
 
-def _describe_device(name: str | None) -> dict[str, Any]:
+def describe_device(name: str | None) -> dict[str, Any]:
     emu = _active_emulation() if name is None else None
     if emu is None:
         return _describe_backend(name)
@@ -172,7 +172,7 @@ class Dumper:
 
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
                   "level": o.level, "mode": o.mode, "checksum": CHECKSUM_ALGORITHM if o.mode == "md5" else None, "world_size": world_size(),
-                  "backend": _describe_device(o.backend), "config": o.to_json()}
+                  "backend": describe_device(o.backend), "config": o.to_json()}
         header["world"] = self._world = start_layout()  # distdump: the job's layout (dump/world.py)
         if o.scheduled:
             header["schedule"] = {"steps": o.steps, "every": o.every, "light": o.light}
