@@ -103,3 +103,29 @@ def test_a_real_fault_in_a_scaled_backward_is_still_found(tmp_path):
     rc = res.root_cause
     assert rc.phase == "backward", rc.reason  # the doubled gradient, never the forward loss-scale mul
     assert not any(s.phase == "forward" and s.op.endswith("mul") for s in res.suspects)
+
+
+@pytest.mark.parametrize("level", ["api", "aten"])
+def test_the_scalers_trailing_update_is_no_missing_step(tmp_path, level):
+    """scaler.update() after the last optimizer step leaves a step directory of its own on the
+    fp16 side only: told as what it is, neither "not compared" nor a reason for exit 2."""
+    from torchparity.compare.shards import NOT_COMPARED, plan_shards
+
+    _run(tmp_path / "dev", level, amp=True, steps=2)
+    _run(tmp_path / "bench", level, amp=False, steps=2)
+    assert (tmp_path / "dev" / "step2").is_dir() and not (tmp_path / "bench" / "step2").exists()
+    res = torchparity.compare(str(tmp_path / "dev"), str(tmp_path / "bench"))
+    assert res.complete and not res.diverged and res.summary["steps"] == [0, 1]
+    w = res.summary["warnings"]
+    assert any("step2/rank0 of the device dump holds only a GradScaler's update()" in x for x in w), w
+    assert not any("exists only in the device dump" in x for x in w), w
+    plan = plan_shards(str(tmp_path / "dev"), str(tmp_path / "bench"))
+    assert not plan.missing and any("GradScaler's update()" in m for m in plan.messages)
+
+
+def test_a_real_one_sided_step_is_still_not_compared(tmp_path):
+    """A guard: a step with model records on one side only is still reported as not compared."""
+    _run(tmp_path / "dev", "api", amp=False, steps=2)
+    _run(tmp_path / "bench", "api", amp=False, steps=1)
+    res = torchparity.compare(str(tmp_path / "dev"), str(tmp_path / "bench"))
+    assert any("step1/rank0 exists only in the device dump" in x for x in res.summary["warnings"])
