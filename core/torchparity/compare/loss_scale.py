@@ -268,6 +268,14 @@ def normalise(rows: Any, both: Any, warnings: list[str]) -> list[LossScale]:
     if not differs.any():
         return []
     step = int(rows["step"].iat[0])
+    if bool(sd) != bool(sb) and how_d != "inferred" and scaled_alike(rows, fd, fb, differs):
+        # one side's scale op was not recorded (it ran outside a compiled graph), its gradients are
+        # as large as the other side's: both runs scaled by the same S, nothing to divide
+        side, ss = ("device", sd) if sd else ("bench", sb)
+        warnings.append(f"step {step}: the {side} run scales its loss by {_g(ss)} (GradScaler) and the other "
+                        f"run's backward tensors are just as large: it scales too, outside what its dump "
+                        f"recorded (a compiled graph's caller); compared as they are")
+        return []
     for side, f, ss, how in (("device", fd, sd, how_d), ("bench", fb, sb, how_b)):
         if ss:
             found.append(LossScale(side, ss, how, int(((f != 1.0) & differs).sum())))
@@ -281,6 +289,20 @@ def normalise(rows: Any, both: Any, warnings: list[str]) -> list[LossScale]:
     if sd and sb:
         _same_scaler_arguments(rows, set(sd), set(sb))
     return found
+
+
+def scaled_alike(rows: Any, fd: np.ndarray, fb: np.ndarray, differs: np.ndarray) -> bool:
+    """Whether the paired tensors that one side's factor says are scaled have about the same
+    magnitude on both sides (the median of ``log(device/bench) / log(fd/fb)`` over their norms is
+    nearer 0 than 1): the other side was scaled too, by an op its dump did not record."""
+    sel = differs & (rows["kind"].to_numpy(dtype=object) == "tensor") & (rows["match"].to_numpy() != "unmatched")
+    dn, bn = rows["device_norm"].to_numpy(dtype="float64")[sel], rows["bench_norm"].to_numpy(dtype="float64")[sel]
+    ratio = fd[sel] / fb[sel]
+    ok = np.isfinite(dn) & np.isfinite(bn) & (dn > 0) & (bn > 0) & (ratio > 0) & (np.abs(np.log(ratio)) > 0.5)
+    if ok.sum() < 2:
+        return False
+    k = np.log(dn[ok] / bn[ok]) / np.log(ratio[ok])
+    return bool(np.median(k) < 0.5)
 
 
 def _same_scaler_arguments(rows: Any, sd: set[float], sb: set[float]) -> None:
