@@ -176,3 +176,49 @@ def test_masked_softmax_input_is_compared_through_its_producer(tmp_path):
     assert res.summary["n_error"] == 0 and not res.summary["diverged"], res.rows[res.rows["verdict"] == "error"]
     sm = res.rows[(res.rows["op"] == "aten._softmax.default") & (res.rows["match"] != "unmatched")]
     assert len(sm) and (sm["verdict"] == "pass").any()  # the softmax itself was compared
+
+
+class Reshaping(nn.Module):
+    """A linear on 3-d input (eager: addmm, then a view back to 3-d) followed by GELU: the eager
+    GELU reads a view of the addmm's output, a value the compiled graph does not record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense, self.act, self.head = nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.act(self.dense(x)))
+
+
+def _reshaping(backend, fault: bool) -> None:
+    torch.manual_seed(0)
+    m = Reshaping()
+    if fault:  # a forward hook: inside the compiled graph, fused into the next kernel
+        m.dense.register_forward_hook(lambda mod, i, o: o * 1.05)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    torch._dynamo.reset()
+    run = torch.compile(m, backend=backend) if backend is not None else m
+    if hasattr(backend, "attach"):
+        backend.attach(opt)
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(1))
+    loss = run(x).square().mean()
+    loss.backward()
+    opt.step()
+    if hasattr(backend, "close"):
+        backend.close()
+
+
+def test_an_eager_input_read_through_a_view_is_compared(tmp_path):
+    """New-user check (session 16): a x1.05 hook on BERT's intermediate dense, compiled against
+    eager, blamed a LayerNorm backward: the eager GELU's input is a view of the addmm's output, so
+    it had no compiled counterpart and no forward op was judged. The reshape is followed."""
+    with torchparity.dump(tmp_path / "eager", level="aten"):
+        _reshaping(None, fault=False)
+    _reshaping(compile_backend(tmp_path / "comp", inner="eager"), fault=True)
+    rc = torchparity.compare(tmp_path / "eager", tmp_path / "comp").root_cause
+    assert rc is not None and rc.phase == "forward" and rc.module == "act" and rc.op == "aten.gelu.default", rc
+    _reshaping(compile_backend(tmp_path / "clean", inner="eager"), fault=False)
+    res = torchparity.compare(tmp_path / "eager", tmp_path / "clean")
+    assert res.root_cause is None
+    gelu_in = res.rows[(res.rows["op"] == "aten.gelu.default") & (res.rows["io"] == "input")]
+    assert (gelu_in["match"] != "unmatched").all() and len(gelu_in), gelu_in  # its input is compared

@@ -205,22 +205,32 @@ def add_inputs(dev_rows: Any, bench_rows: Any, pairs: Any) -> tuple[Any, Any]:
     c_out = comp[(comp["io"] == "output") & (comp["arg"].astype(str) == "0")].drop_duplicates("record_id").set_index("record_id")
     e_out = eager[(eager["io"] == "output") & (eager["arg"].astype(str) == "0")].drop_duplicates("record_id").set_index("record_id")
     e_shape = e_out["shape"].to_dict()
+    reshapes = _reshape_sources(eager)
     new = []
     cand = eager[(eager["io"] == "input") & eager["producer"].notna() & eager["record_id"].isin(list(e2c))]
     for rid, arg, prod, shape in zip(cand["record_id"].tolist(), cand["arg"].tolist(), cand["producer"].tolist(),
                                      cand["shape"].tolist()):
         if not isinstance(prod, tuple) or len(prod) != 2 or prod[1] != 0:
             continue
-        src = e2c.get(prod[0])
+        at, reshaped = prod[0], False
+        for _ in range(_MAX_RESHAPES):  # through reshapes the graph does not record (view, _unsafe_view)
+            if at in e2c or at not in reshapes:
+                break
+            at, reshaped = reshapes[at], True
+        src = e2c.get(at)
         if src is None or src not in c_out.index or e2c[rid] not in c_out.index:
             continue
-        if _shape_key(e_shape.get(prod[0])) != _shape_key(shape):
+        if _shape_key(e_shape.get(at)) != _shape_key(shape) and not (reshaped and _numel(e_shape.get(at)) == _numel(shape)):
             continue  # a view between producer and consumer: not the same value
         row = c_out.loc[e2c[rid]].copy()
         srow = c_out.loc[src]
+        if reshaped and srow.get("tensor") is not None and _shape_key(srow.get("shape")) != _shape_key(shape):
+            continue  # tensor mode: the saved tensor has the producer's shape
         for c in _TENSOR_COLS:
             if c in row.index:
                 row[c] = srow[c]
+        if reshaped:  # the same elements in the same order: the same statistics, the consumer's shape
+            row["shape"] = shape
         row["io"], row["arg"], row["producer"] = "input", arg, (src, 0)
         row["record_id"] = e2c[rid]
         new.append(row)
@@ -229,6 +239,37 @@ def add_inputs(dev_rows: Any, bench_rows: Any, pairs: Any) -> tuple[Any, Any]:
     add = pd.DataFrame(new).reset_index(drop=True)[comp.columns]
     comp = pd.concat([comp, add], ignore_index=True)
     return (comp, bench_rows) if dev_is_compiled else (dev_rows, comp)
+
+
+#: ops that give the same elements in the same order another shape: an eager consumer reading a
+#: compiled value through them reads the value's statistics
+RESHAPES = frozenset({"view", "_unsafe_view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "alias",
+                      "contiguous", "clone", "view_copy", "_reshape_copy", "_reshape_alias"})
+_MAX_RESHAPES = 4
+
+
+def _reshape_sources(eager: Any) -> dict[int, int]:
+    """Eager reshape records (:data:`RESHAPES`): record id -> the record whose output 0 it reshapes."""
+    from .error_model import op_stem
+
+    ins = eager[(eager["io"] == "input") & (eager["arg"].astype(str) == "0") & eager["producer"].notna()]
+    out: dict[int, int] = {}
+    for rid, op, prod in zip(ins["record_id"].tolist(), ins["op"].tolist(), ins["producer"].tolist()):
+        if isinstance(prod, tuple) and len(prod) == 2 and prod[1] == 0 and op_stem(op) in RESHAPES:
+            out[int(rid)] = int(prod[0])
+    return out
+
+
+def _numel(s: Any) -> int | None:
+    k = _shape_key(s)
+    if not isinstance(k, tuple):
+        return None
+    n = 1
+    for d in k:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+            return None
+        n *= int(d)
+    return n
 
 
 def _shape_key(s: Any) -> Any:
