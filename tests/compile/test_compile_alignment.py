@@ -222,3 +222,59 @@ def test_an_eager_input_read_through_a_view_is_compared(tmp_path):
     assert res.root_cause is None
     gelu_in = res.rows[(res.rows["op"] == "aten.gelu.default") & (res.rows["io"] == "input")]
     assert (gelu_in["match"] != "unmatched").all() and len(gelu_in), gelu_in  # its input is compared
+
+
+def test_compiled_against_compiled_blames_the_first_divergence(tmp_path):
+    """Two compiled runs: their records hold outputs only. Such a record's input error is the
+    largest error before it (it was zero, as for a factory op: a bf16 Llama's x1.05 down_proj fault
+    that stayed under the floor in the residual stream was blamed on model.norm's rsqrt)."""
+    _reshaping(compile_backend(tmp_path / "bad", inner="eager"), fault=True)
+    _reshaping(compile_backend(tmp_path / "good", inner="eager"), fault=False)
+    rc = torchparity.compare(tmp_path / "bad", tmp_path / "good").root_cause
+    assert rc is not None and rc.phase == "forward" and rc.module in ("dense", "act"), rc
+
+
+def test_error_before_is_the_running_maximum_in_execution_order():
+    import numpy as np
+
+    from torchparity.compare.rootcause import _error_before
+
+    got = _error_before(np.array([0.5, np.nan, 0.1, 0.3]), np.array([3, 0, 1, 2]))
+    assert got.tolist() == [0.3, 0.0, 0.0, 0.1]
+
+
+class TanhGelu(nn.Module):
+    """GPT-2's GELU as its code writes it: eager records mul, pow, add, tanh...; Inductor fuses
+    them into one kernel and stores the last mul only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def test_an_eager_op_whose_inputs_were_fused_away_is_judged(tmp_path):
+    """New-user check (session 16): GPT-2 with a x1.05 hook on its MLP's c_fc, Inductor against
+    eager: the last mul of the GELU is the first stored value after the fault, but its eager
+    inputs (the fused mul/pow/tanh chain) have no compiled counterpart, so it was never judged
+    and a backward op in step 1 was blamed. Its input error is now traced back through them."""
+    def run(backend, fault, path=None):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), TanhGelu(), nn.Linear(16, 4))
+        if fault:
+            m[0].register_forward_hook(lambda mod, i, o: o * 1.05)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        torch._dynamo.reset()
+        r = torch.compile(m, backend=backend) if backend is not None else m
+        if hasattr(backend, "attach"):
+            backend.attach(opt)
+        loss = r(torch.randn(4, 8, generator=torch.Generator().manual_seed(1))).square().mean()
+        loss.backward()
+        opt.step()
+        if hasattr(backend, "close"):
+            backend.close()
+
+    with torchparity.dump(tmp_path / "eager", level="aten"):
+        run(None, False)
+    run(compile_backend(tmp_path / "comp"), True)
+    for a, b in (("eager", "comp"), ("comp", "eager")):
+        rc = torchparity.compare(tmp_path / a, tmp_path / b).root_cause
+        assert rc is not None and rc.phase == "forward" and rc.module == "1" and rc.step == 0, (a, rc)

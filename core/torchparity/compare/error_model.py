@@ -191,11 +191,15 @@ def integer_rows(rows: Any) -> np.ndarray:
 
 
 def cancel_scale(rows: Any) -> np.ndarray:
-    """Per row, the bench norm of the tensor (NaN where unknown): the magnitude a ``cancelling``
-    op's output error is measured against when it is larger than the output's own norm."""
+    """Per row, the bench norm of the tensor (the device's where the bench has no such row; NaN
+    where unknown): the magnitude a ``cancelling`` op's output error is measured against when it
+    is larger than the output's own norm."""
     if "bench_norm" not in rows:
         return np.full(len(rows), np.nan)
-    return np.abs(rows["bench_norm"].to_numpy(dtype="float64"))
+    norm = np.abs(rows["bench_norm"].to_numpy(dtype="float64"))
+    if "device_norm" in rows:  # a row of one side only (a compiled graph fused its value away): its own norm
+        norm = np.where(np.isnan(norm), np.abs(rows["device_norm"].to_numpy(dtype="float64")), norm)
+    return norm
 
 
 def peak_factor(rows: Any) -> np.ndarray:

@@ -158,7 +158,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     is_out = r["io"].isin(["output", "grad"]) & (r["kind"] == "tensor")
     is_in = r["io"].isin(["input", "param"]) & (r["kind"] == "tensor")
 
-    recs = rows[dev].drop_duplicates("d_record_id").set_index("d_record_id")
+    recs = _records(rows[dev])
     rec_ids = recs.index.to_numpy()
     fwd = (pd.to_numeric(recs["d_fwd"], errors="coerce").to_numpy(dtype="float64")
            if "d_fwd" in recs else np.full(len(rec_ids), np.nan))
@@ -170,6 +170,17 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     grad_only = (r.assign(g=r["io"] == "grad").groupby("rid")["g"].all().reindex(rec_ids)
                  .fillna(False).to_numpy(dtype=bool))
     no_in = ~has_inputs & ~grad_only
+    if not sources:
+        # compiled against eager: an eager op whose inputs the graph fused away (GPT-2's GELU: its
+        # mul/pow/tanh chain) reads what the compared values before them carried
+        i_err = np.where(np.isnan(i_err) & has_inputs, _through_unmatched(r, is_in, rec_ids, o_err, recs), i_err)
+        # a compiled record holds its output only: one whose inputs could not be traced (a compiled
+        # graph against another, or eager inputs the graph holds no counterpart of) read values
+        # made before it (or parameters, equal in a first step; later steps: ``unjudged``), so
+        # its input error is at most the
+        # largest error before it in execution order - not zero, as for a factory op (which blamed
+        # the first op past the floor after a small fault upstream)
+        i_err = np.where(np.isnan(i_err) & ~grad_only, _error_before(o_err, recs["order"].to_numpy()), i_err)
     i_err = np.where(np.isnan(i_err) & no_in, 0.0, i_err)
     # the two channels of the statistics error (error_model): aggregate and extreme, each carried
     # through the data flow on its own
@@ -421,6 +432,58 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     input_error = np.where(ok, i_err[ii] if len(rec_ids) else np.nan, np.nan)
     amp = np.where(ok, score[ii] if len(rec_ids) else np.nan, np.nan)
     return {"input_error": input_error, "amplification": amp}, suspects
+
+
+def _records(dev_rows: Any) -> Any:
+    """One row per device record (index ``d_record_id``, first-appearance order), taken from a row
+    the device side has (a row of the bench side only carries its partner's record id and no
+    device name: a compiled record's untraced eager input)."""
+    named = dev_rows["device_name"].notna().to_numpy() if "device_name" in dev_rows else None
+    if named is None or named.all():
+        return dev_rows.drop_duplicates("d_record_id").set_index("d_record_id")
+    first = dev_rows.drop_duplicates("d_record_id")["d_record_id"].to_numpy()
+    pick = dev_rows.iloc[np.argsort(~named, kind="stable")].drop_duplicates("d_record_id").set_index("d_record_id")
+    return pick.reindex(first)
+
+
+def _through_unmatched(r: Any, is_in: Any, rec_ids: np.ndarray, o_err: np.ndarray, recs: Any) -> np.ndarray:
+    """Per record: the largest error its inputs carry, traced back through the data flow past
+    records whose outputs were not compared (ops a compiled graph fused away) to the compared
+    values that fed them; NaN where nothing compared feeds it."""
+    import pandas as pd
+
+    n = len(rec_ids)
+    pos = pd.Series(np.arange(n), index=rec_ids)
+    edge = is_in.to_numpy() & (r["p_rid"].to_numpy() >= 0)
+    cons = pos.reindex(r["rid"].to_numpy()[edge]).to_numpy()
+    prod = pos.reindex(r["p_rid"].to_numpy()[edge]).to_numpy()
+    ok = ~np.isnan(cons) & ~np.isnan(prod)
+    cons, prod = cons[ok].astype(np.int64), prod[ok].astype(np.int64)
+    by = np.argsort(cons, kind="stable")
+    cons, prod = cons[by], prod[by]
+    order = pd.to_numeric(recs["order"], errors="coerce").to_numpy(dtype="float64")
+    walk = np.argsort(order, kind="stable")
+    starts, ends = np.searchsorted(cons, walk, side="left"), np.searchsorted(cons, walk, side="right")
+    carried = np.array(o_err, dtype="float64")  # what each record's outputs carry: measured, else traced
+    traced = np.full(n, np.nan)
+    for k, a, b in zip(walk.tolist(), starts.tolist(), ends.tolist()):
+        if b > a:
+            got = carried[prod[a:b]]
+            if not np.isnan(got).all():
+                traced[k] = float(np.nanmax(got))
+        if np.isnan(carried[k]):
+            carried[k] = traced[k]
+    return traced
+
+
+def _error_before(o_err: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Per record: the largest output error of the records before it in execution order (0 for
+    the first)."""
+    srt = np.argsort(order, kind="stable")
+    run = np.fmax.accumulate(np.nan_to_num(o_err[srt], nan=0.0, posinf=np.inf, neginf=0.0))
+    before = np.empty(len(o_err))
+    before[srt] = np.concatenate([[0.0], run[:-1]]) if len(run) else run
+    return before
 
 
 def _flow(r: Any, err: np.ndarray, is_in: Any, is_out: Any, rec_ids: np.ndarray,
