@@ -173,7 +173,9 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     if not sources:
         # compiled against eager: an eager op whose inputs the graph fused away (GPT-2's GELU: its
         # mul/pow/tanh chain) reads what the compared values before them carried
-        i_err = np.where(np.isnan(i_err) & has_inputs, _through_unmatched(r, is_in, rec_ids, o_err, recs), i_err)
+        rec_floor = r.groupby("rid")["floor"].max().reindex(rec_ids).to_numpy()
+        i_err = np.where(np.isnan(i_err) & has_inputs, _through_unmatched(r, is_in, rec_ids, o_err, recs, rec_floor),
+                         i_err)
         # a compiled record holds its output only: one whose inputs could not be traced (a compiled
         # graph against another, or eager inputs the graph holds no counterpart of) read values
         # made before it (or parameters, equal in a first step; later steps: ``unjudged``), so
@@ -446,10 +448,12 @@ def _records(dev_rows: Any) -> Any:
     return pick.reindex(first)
 
 
-def _through_unmatched(r: Any, is_in: Any, rec_ids: np.ndarray, o_err: np.ndarray, recs: Any) -> np.ndarray:
+def _through_unmatched(r: Any, is_in: Any, rec_ids: np.ndarray, o_err: np.ndarray, recs: Any,
+                       floor: np.ndarray) -> np.ndarray:
     """Per record: the largest error its inputs carry, traced back through the data flow past
     records whose outputs were not compared (ops a compiled graph fused away) to the compared
-    values that fed them; NaN where nothing compared feeds it."""
+    values that fed them, each such record adding its own rounding (``floor``: an fp16 matmul
+    under autocast between two float32 values); NaN where nothing compared feeds it."""
     import pandas as pd
 
     n = len(rec_ids)
@@ -471,8 +475,8 @@ def _through_unmatched(r: Any, is_in: Any, rec_ids: np.ndarray, o_err: np.ndarra
             got = carried[prod[a:b]]
             if not np.isnan(got).all():
                 traced[k] = float(np.nanmax(got))
-        if np.isnan(carried[k]):
-            carried[k] = traced[k]
+        if np.isnan(carried[k]) and not np.isnan(traced[k]):
+            carried[k] = max(traced[k], float(np.nan_to_num(floor[k], nan=0.0)))
     return traced
 
 
