@@ -9,7 +9,11 @@ download), in float32, bf16 and fp16 autocast + GradScaler, AdamW. For each:
 * ``compile``: the model ``torch.compile``d (Inductor on the CPU, one thread, ``fallback_random``)
   trained 2 steps without the tool and inside ``torchparity.dump(level="aten")``: bitwise equal;
   then ``torchparity.compare`` of an eager aten dump against the compiled dump: verdict counts and
-  the root cause (expected: none).
+  the root cause (expected: none);
+* ``compile-fault``: a x1.05 forward hook on the model's planted-fault module in the compiled run
+  (traced into the graph, fused by Inductor), one step; compared with the eager run (both ways)
+  and with a clean compiled run: the root cause must be in step 0 and in that module's block (the
+  module of the first value the graph stores after the fault).
 
 Prints one line per (model, precision, feature) and a Markdown table (``--out``). Exit 1 when a
 check fails.
@@ -90,9 +94,52 @@ def check_compile(name: str, prec: str, root: Path) -> tuple[bool, str]:
                 f"{s.get('n_error')} error, root cause {rc.name if rc is not None else 'none'}")
 
 
+#: where compile-fault plants, when not the spec's fwd_module: the CNN's head output is the graph's
+#: output, so a hook there adds a node only the faulty run has (a device fault changes a node both
+#: runs have; compare does not blame an op one compiled run alone recorded). With the modules the
+#: root cause may name: the planted one and those whose first stored value comes after it.
+PLANT = {"cnn": ("act2", ("act2", "drop", "head", ""))}
+
+
+def _block(module: str) -> str:
+    """The block a planted module sits in (``model.layers.1.mlp.down_proj`` -> ``model.layers.1``):
+    where the first value a compiled graph stores after a fused fault may belong."""
+    parts = module.split(".")
+    return ".".join(parts[:-2]) if len(parts) > 2 else ""
+
+
+def check_compile_fault(name: str, prec: str, root: Path) -> tuple[bool, str]:
+    """A x1.05 forward hook on the spec's ``fwd_module`` of the compiled run (traced into the
+    graph, fused by Inductor): compared with the eager run and with a clean compiled run, the root
+    cause is in step 0 and in that module's block."""
+    spec = zm.ZOO[name]
+    planted, where = PLANT.get(name, (spec.fwd_module, None))
+    runs = {}
+    for tag, fault in (("clean", False), ("fault", True)):
+        torch._dynamo.reset()
+        t = zm.Trainer(spec, prec)
+        if fault:
+            dict(t.model.named_modules())[planted].register_forward_hook(lambda m, i, o: o * 1.05)
+        t.model = torch.compile(t.model)
+        with torchparity.dump(str(root / tag), model=t.model, level="aten"):
+            t.train(1)
+        runs[tag] = root / tag
+    eager = zm.Trainer(spec, prec)
+    with torchparity.dump(str(root / "eager"), model=eager.model, level="aten"):
+        eager.train(1)
+    block, notes, ok = _block(planted), [], True
+    for a, b in (("eager", "fault"), ("fault", "eager"), ("fault", "clean")):
+        rc = torchparity.compare(str(root / a), str(root / b)).root_cause
+        hit = rc is not None and rc.step == 0 and (rc.module in where if where is not None else
+                                                   rc.module == block or rc.module.startswith(block + "."))
+        ok &= hit
+        notes.append(f"{a} vs {b}: {f'{rc.name} in {rc.module} ({rc.phase})' if rc is not None else 'no root cause'}")
+    return ok, f"planted in {planted}; " + "; ".join(notes)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--features", default="watch,compile")
+    ap.add_argument("--features", default="watch,compile,compile-fault")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--precisions", default="fp32,bf16,fp16")
     ap.add_argument("--out", default=None, help="write the Markdown table here")
@@ -101,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch._inductor.config as iconf
 
     iconf.fallback_random = True  # dropout draws as in eager, so compiled and eager runs compare
-    checks = {"watch": check_watch, "compile": check_compile}
+    checks = {"watch": check_watch, "compile": check_compile, "compile-fault": check_compile_fault}
     rows, failed = [], 0
     for name in a.models.split(","):
         for prec in a.precisions.split(","):

@@ -173,9 +173,13 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     if not sources:
         # compiled against eager: an eager op whose inputs the graph fused away (GPT-2's GELU: its
         # mul/pow/tanh chain) reads what the compared values before them carried
+        # (and one that knows some inputs only: BERT's bf16 key-weight gradient reads a compared
+        # activation and a gradient no compiled value holds, ~0 by cancellation under softmax)
         rec_floor = r.groupby("rid")["floor"].max().reindex(rec_ids).to_numpy()
-        i_err = np.where(np.isnan(i_err) & has_inputs, _through_unmatched(r, is_in, rec_ids, o_err, recs, rec_floor),
-                         i_err)
+        traced = _through_unmatched(r, is_in, rec_ids, o_err, recs, rec_floor)
+        partial = (ins.assign(u=ins["err"].isna()).groupby("rid")["u"].any().reindex(rec_ids)
+                   .fillna(False).to_numpy(dtype=bool))
+        i_err = np.where(partial & ~np.isnan(traced), np.fmax(i_err, traced), i_err)
         # a compiled record holds its output only: one whose inputs could not be traced (a compiled
         # graph against another, or eager inputs the graph holds no counterpart of) read values
         # made before it (or parameters, equal in a first step; later steps: ``unjudged``), so
