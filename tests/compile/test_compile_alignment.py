@@ -237,7 +237,7 @@ def test_compiled_against_compiled_blames_the_first_divergence(tmp_path):
 def test_error_before_is_the_running_maximum_in_execution_order():
     import numpy as np
 
-    from torchparity.compare.rootcause import _error_before
+    from torchparity.compare.compiled_inputs import error_before as _error_before
 
     got = _error_before(np.array([0.5, np.nan, 0.1, 0.3]), np.array([3, 0, 1, 2]))
     assert got.tolist() == [0.3, 0.0, 0.0, 0.1]

@@ -17,7 +17,7 @@ Three rules make that judgement as calm as the op-level one:
   fault in a weight-gradient kernel is left to the api and aten levels, which judge the kernel;
 * a gradient that is ~0 by cancellation next to a larger gradient of the same module (a conv bias
   before BatchNorm) is measured against the largest one (:func:`sibling_factor`), as
-  ``rootcause._cancelled_outputs`` does for the outputs of one backward op.
+  ``cancellation.cancelled_outputs`` does for the outputs of one backward op.
 """
 
 from __future__ import annotations

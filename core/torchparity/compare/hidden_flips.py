@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import error_model
+from .dataflow import record_edges
 
 #: ops whose backward zeroes the gradient by comparing the forward input with a threshold (or picks
 #: the largest element of a window), by aten, api and module name
@@ -75,12 +76,7 @@ def hidden_inputs(recs: Any, r: Any, is_in: Any, i_err: np.ndarray) -> np.ndarra
         return out
     with np.errstate(invalid="ignore"):
         src = np.where(thr, np.sqrt(FLIP_FACTOR * np.clip(np.nan_to_num(i_err, nan=0.0, posinf=0.0), 0.0, None)), 0.0)
-    pos = pd.Series(np.arange(n), index=rec_ids)
-    edge = is_in.to_numpy() & (r["p_rid"].to_numpy() >= 0)
-    cons = pos.reindex(r["rid"].to_numpy()[edge]).to_numpy()
-    prod = pos.reindex(r["p_rid"].to_numpy()[edge]).to_numpy()
-    ok = ~np.isnan(cons) & ~np.isnan(prod)
-    cons, prod = cons[ok].astype(np.int64), prod[ok].astype(np.int64)
+    cons, prod = record_edges(r, is_in, rec_ids)
     order = pd.to_numeric(recs["order"], errors="coerce").to_numpy(dtype="float64") if "order" in recs \
         else np.arange(n, dtype="float64")
     first = np.nanmin(np.where(thr, order, np.nan))
@@ -88,9 +84,7 @@ def hidden_inputs(recs: Any, r: Any, is_in: Any, i_err: np.ndarray) -> np.ndarra
     walk = np.flatnonzero(order >= first)
     walk = walk[np.argsort(order[walk], kind="stable")]
     keep = np.isin(cons, walk)
-    cons, prod = cons[keep], prod[keep]
-    by = np.argsort(cons, kind="stable")
-    cons, prod = cons[by], prod[by]
+    cons, prod = cons[keep], prod[keep]  # still sorted by consumer
     starts = np.searchsorted(cons, walk, side="left")
     ends = np.searchsorted(cons, walk, side="right")
     h_out = src.copy()

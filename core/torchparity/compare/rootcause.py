@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..results import Suspect
-from . import bwd_reductions, error_model, grad_sinks, hidden_flips
+from . import bwd_reductions, cancellation, compiled_inputs, error_model, grad_sinks, hidden_flips, masks
 from .suspects import _enclosing_module, _fmt, _isnan, _prefer_inner
 
 #: relative tolerances by dtype (torch.testing defaults); the floor is FLOOR_FACTOR times this.
@@ -176,7 +176,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # (and one that knows some inputs only: BERT's bf16 key-weight gradient reads a compared
         # activation and a gradient no compiled value holds, ~0 by cancellation under softmax)
         rec_floor = r.groupby("rid")["floor"].max().reindex(rec_ids).to_numpy()
-        traced = _through_unmatched(r, is_in, rec_ids, o_err, recs, rec_floor)
+        traced = compiled_inputs.through_unmatched(r, is_in, rec_ids, o_err, recs, rec_floor)
         partial = (ins.assign(u=ins["err"].isna()).groupby("rid")["u"].any().reindex(rec_ids)
                    .fillna(False).to_numpy(dtype=bool))
         i_err = np.where(partial & ~np.isnan(traced), np.fmax(i_err, traced), i_err)
@@ -186,7 +186,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # its input error is at most the
         # largest error before it in execution order - not zero, as for a factory op (which blamed
         # the first op past the floor after a small fault upstream)
-        i_err = np.where(np.isnan(i_err) & ~grad_only, _error_before(o_err, recs["order"].to_numpy()), i_err)
+        i_err = np.where(np.isnan(i_err) & ~grad_only, compiled_inputs.error_before(o_err, recs["order"].to_numpy()), i_err)
     i_err = np.where(np.isnan(i_err) & no_in, 0.0, i_err)
     # the two channels of the statistics error (error_model): aggregate and extreme, each carried
     # through the data flow on its own
@@ -201,7 +201,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     # a product with a 0/s mask the two runs share (dropout's mask): it selects a subset of the
     # other input, whose errors no longer cancel in its norm and mean (softmax rows that summed to
     # 1): its aggregate channel is not scored, its extreme channel is (a fault scales the kept values)
-    masked = _mask_products(rows, dev, r, is_in, recs, fam)
+    masked = masks.mask_products(rows, dev, r, is_in, recs, fam)
     if "phase" in recs:  # every optimizer update divides by a data-dependent denominator
         fam = np.where((recs["phase"].to_numpy(dtype=object) == "optimizer") & (fam != "cast"), "ill_conditioned", fam)
     nf_out = (r.assign(nf=rows["nonfinite_mismatch"].fillna(False).to_numpy(dtype=bool)[dev])[is_out]
@@ -209,7 +209,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
               if "nonfinite_mismatch" in rows else np.zeros(len(rec_ids), dtype=bool))
     cancelling = fam == "cancelling"
     if cancelling.any():  # an output ~0 by cancellation: its error against what went into it
-        agg_row = _against_inputs(r, agg_row[dev], error_model.cancel_scale(rows)[dev], is_in, is_out,
+        agg_row = cancellation.against_inputs(r, agg_row[dev], error_model.cancel_scale(rows)[dev], is_in, is_out,
                                   pd.Series(cancelling, index=rec_ids))
     else:
         agg_row = agg_row[dev]
@@ -221,7 +221,7 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     ext_row = ext_row[dev]
     if "phase" in recs:  # a gradient ~0 by cancellation next to the record's other gradients
         bwd = pd.Series(recs["phase"].to_numpy(dtype=object) == "backward", index=rec_ids)
-        fac = _cancelled_outputs(r, error_model.cancel_scale(rows)[dev], is_out, bwd)
+        fac = cancellation.cancelled_outputs(r, error_model.cancel_scale(rows)[dev], is_out, bwd)
         agg_row, ext_row = agg_row * fac, ext_row * fac
     # parameter gradients of a module-level dump: judged against the module's backward (grad_sinks)
     sink = grad_sinks.judged_sinks(recs, grad_only)
@@ -452,48 +452,6 @@ def _records(dev_rows: Any) -> Any:
     return pick.reindex(first)
 
 
-def _through_unmatched(r: Any, is_in: Any, rec_ids: np.ndarray, o_err: np.ndarray, recs: Any,
-                       floor: np.ndarray) -> np.ndarray:
-    """Per record: the largest error its inputs carry, traced back through the data flow past
-    records whose outputs were not compared (ops a compiled graph fused away) to the compared
-    values that fed them, each such record adding its own rounding (``floor``: an fp16 matmul
-    under autocast between two float32 values); NaN where nothing compared feeds it."""
-    import pandas as pd
-
-    n = len(rec_ids)
-    pos = pd.Series(np.arange(n), index=rec_ids)
-    edge = is_in.to_numpy() & (r["p_rid"].to_numpy() >= 0)
-    cons = pos.reindex(r["rid"].to_numpy()[edge]).to_numpy()
-    prod = pos.reindex(r["p_rid"].to_numpy()[edge]).to_numpy()
-    ok = ~np.isnan(cons) & ~np.isnan(prod)
-    cons, prod = cons[ok].astype(np.int64), prod[ok].astype(np.int64)
-    by = np.argsort(cons, kind="stable")
-    cons, prod = cons[by], prod[by]
-    order = pd.to_numeric(recs["order"], errors="coerce").to_numpy(dtype="float64")
-    walk = np.argsort(order, kind="stable")
-    starts, ends = np.searchsorted(cons, walk, side="left"), np.searchsorted(cons, walk, side="right")
-    carried = np.array(o_err, dtype="float64")  # what each record's outputs carry: measured, else traced
-    traced = np.full(n, np.nan)
-    for k, a, b in zip(walk.tolist(), starts.tolist(), ends.tolist()):
-        if b > a:
-            got = carried[prod[a:b]]
-            if not np.isnan(got).all():
-                traced[k] = float(np.nanmax(got))
-        if np.isnan(carried[k]) and not np.isnan(traced[k]):
-            carried[k] = max(traced[k], float(np.nan_to_num(floor[k], nan=0.0)))
-    return traced
-
-
-def _error_before(o_err: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Per record: the largest output error of the records before it in execution order (0 for
-    the first)."""
-    srt = np.argsort(order, kind="stable")
-    run = np.fmax.accumulate(np.nan_to_num(o_err[srt], nan=0.0, posinf=np.inf, neginf=0.0))
-    before = np.empty(len(o_err))
-    before[srt] = np.concatenate([[0.0], run[:-1]]) if len(run) else run
-    return before
-
-
 def _flow(r: Any, err: np.ndarray, is_in: Any, is_out: Any, rec_ids: np.ndarray,
           fwd: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
     """Carry one per-row error through the data flow: per record, its output error (for a
@@ -531,71 +489,3 @@ def _flow(r: Any, err: np.ndarray, is_in: Any, is_out: Any, rec_ids: np.ndarray,
         carried[np.flatnonzero(has_fwd)[ok]] = saved[j[ok].astype(int)]
         i_err = np.where(np.isnan(carried), i_err, np.fmax(i_err, carried))
     return o_err, i_err, ins
-
-
-_MASK_PRODUCTS = frozenset({"mul", "mul_"})
-
-
-def _mask_products(rows: Any, dev: np.ndarray, r: Any, is_in: Any, recs: Any, fam: np.ndarray) -> np.ndarray:
-    """Per record: a ``mul`` one of whose tensor inputs is a scaled mask both runs share (identical:
-    error 0; min 0 and max > 1 on both sides, as dropout's ``bernoulli / (1 - p)``) while another input
-    differs. Found by a new-user check on a clean T5 in bf16 against fp32 (session 15): its
-    attention dropout's product was blamed, amplified 14.7x, because the softmax rows' exact sums
-    (an exact mean) stop holding on the masked subset. Only its aggregate channel is left out: a
-    fault in such a product (a padding mask's, x1.05) still shows in its extreme channel."""
-    import pandas as pd
-
-    rec_ids = recs.index.to_numpy()
-    out = np.zeros(len(rec_ids), dtype=bool)
-    if "device_min" not in rows or "bench_min" not in rows:
-        return out
-    ops = recs["op"].to_numpy(dtype=object)
-    is_mul = {o: error_model.op_stem(o) in _MASK_PRODUCTS for o in pd.unique(ops)}  # one decision per name
-    cand = np.fromiter((is_mul[o] for o in ops), dtype=bool, count=len(ops)) & (fam == "elementwise")
-    if not cand.any():
-        return out
-    dmin = pd.to_numeric(rows["device_min"], errors="coerce").to_numpy(dtype="float64")[dev]
-    bmin = pd.to_numeric(rows["bench_min"], errors="coerce").to_numpy(dtype="float64")[dev]
-    dmax = pd.to_numeric(rows["device_max"], errors="coerce").to_numpy(dtype="float64")[dev]
-    bmax = pd.to_numeric(rows["bench_max"], errors="coerce").to_numpy(dtype="float64")[dev]
-    err = r["err"].to_numpy(dtype="float64")
-    inp = is_in.to_numpy()
-    # a scaled mask (dropout's 1/(1-p) > 1): a 0/1 padding mask keeps its product fully judged
-    mask_in = inp & r["matched"].to_numpy() & (err == 0) & (dmin == 0) & (bmin == 0) & (dmax > 1) & (bmax > 1)
-    other = inp & (np.nan_to_num(err, nan=0.0) > 0)
-    g = pd.DataFrame({"rid": r["rid"].to_numpy(), "m": mask_in, "o": other}).groupby("rid")[["m", "o"]].any()
-    g = g.reindex(rec_ids).fillna(False)
-    return cand & g["m"].to_numpy(dtype=bool) & g["o"].to_numpy(dtype=bool)
-
-
-def _cancelled_outputs(r: Any, norm: np.ndarray, is_out: Any, backward: Any) -> np.ndarray:
-    """Per row, the factor that measures an output of a backward record against the record's
-    largest output when it is below :data:`error_model.CANCEL_RATIO` of it (a bias gradient that is
-    ~0 by cancellation: a key-projection bias under softmax, a conv bias before BatchNorm, beside
-    the weight and input gradients of the same op); 1 elsewhere."""
-    out = is_out.to_numpy()
-    rid = r["rid"].to_numpy()
-    b = backward.reindex(rid).fillna(False).to_numpy(dtype=bool) & out
-    if not b.any():
-        return np.ones(len(rid))
-    big = r.assign(n=np.where(b, norm, np.nan)).groupby("rid")["n"].max().reindex(rid).to_numpy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = norm / big
-    small = b & np.isfinite(ratio) & (ratio < error_model.CANCEL_RATIO)
-    return np.where(small, ratio, 1.0)
-
-
-def _against_inputs(r: Any, agg: np.ndarray, norm: np.ndarray, is_in: Any, is_out: Any,
-                    cancelling: Any) -> np.ndarray:
-    """The aggregate error of the outputs of ``cancelling`` records measured against the largest
-    norm that went into the record when that is larger than the output's own norm (an output ~0
-    by cancellation, like a conv bias gradient after BatchNorm, is judged against its inputs)."""
-    rid = r["rid"].to_numpy()
-    in_norm = (r.assign(n=np.where(is_in.to_numpy(), norm, np.nan)).groupby("rid")["n"].max())
-    canc = cancelling.reindex(rid).fillna(False).to_numpy(dtype=bool) & is_out.to_numpy()
-    if not canc.any():
-        return agg
-    ref = in_norm.reindex(rid).to_numpy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        factor = np.where(canc & (ref > norm), norm / ref, 1.0)
-    return np.where(canc & np.isfinite(factor), agg * factor, agg)

@@ -38,7 +38,7 @@ class CompiledDump:
 
     def _open(self) -> Any:
         from .. import __version__
-        from ..dump.api import describe_device
+        from ..dump.device_env import describe_device
         from ..dump.writer import DumpWriter
 
         self._rank = current_rank()

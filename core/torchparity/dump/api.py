@@ -38,48 +38,12 @@ from ..capture.stats import CHECKSUM_ALGORITHM
 from ..errors import UsageError
 from ..records import FORMAT_NAME, FORMAT_VERSION
 from .options import DumpOptions, check_output_dir, load_options_file
+from .device_env import describe_device
 from .writer import DumpWriter
 from .world import complete_headers, start_layout  # distdump
 
 log = logging.getLogger("torchparity")
 _ACTIVE: "weakref.WeakSet[Dumper]" = weakref.WeakSet()
-
-
-def _describe_backend(name: str | None) -> dict[str, Any]:
-    """The dump header's description of the device that produced it."""
-    try:
-        from ..plugins import get_registry
-
-        reg = get_registry()
-        if name is None:
-            name = "cpu"
-            for cand, b in reg.backends.items():
-                if cand != "cpu" and not getattr(b, "is_emulation", False) and b.is_available():
-                    name = cand
-                    break
-        return reg.backend(name).environment()
-    except Exception as exc:  # describing the device must never stop a dump
-        return {"backend": name or "unknown", "torch_version": torch.__version__, "error": str(exc)}
-
-
-def _active_emulation() -> Any | None:
-    """The emulated device the dump runs with (``with emulate(...)`` entered before the dump: a
-    device-layer consumer of the op stream), if any: the header must say the device was
-    emulated, and at which dtype."""
-    return op_stream().emulation()
-
-
-def describe_device(name: str | None) -> dict[str, Any]:
-    emu = _active_emulation() if name is None else None
-    if emu is None:
-        return _describe_backend(name)
-    env = _describe_backend("emulated")
-    dtype = getattr(emu, "emulated_dtype", None)
-    env["emulation"] = True
-    env["emulated_dtype"] = str(dtype).replace("torch.", "") if dtype is not None else None
-    env["device_name"] = f"emulated device on the CPU ({env['emulated_dtype'] or 'full precision'})"
-    env["faults"] = [f.to_dict() if hasattr(f, "to_dict") else str(f) for f in getattr(emu, "faults", [])]
-    return env
 
 
 def _plugin_consumers(options: DumpOptions) -> list[Any]:
