@@ -182,10 +182,9 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         i_err = np.where(partial & ~np.isnan(traced), np.fmax(i_err, traced), i_err)
         # a compiled record holds its output only: one whose inputs could not be traced (a compiled
         # graph against another, or eager inputs the graph holds no counterpart of) read values
-        # made before it (or parameters, equal in a first step; later steps: ``unjudged``), so
-        # its input error is at most the
-        # largest error before it in execution order - not zero, as for a factory op (which blamed
-        # the first op past the floor after a small fault upstream)
+        # made before it (or parameters, equal in a first step; later steps: ``unjudged``), so its
+        # input error is at most the largest error before it in execution order - not zero, as
+        # for a factory op (which blamed the first op past the floor after a small fault upstream)
         i_err = np.where(np.isnan(i_err) & ~grad_only, compiled_inputs.error_before(o_err, recs["order"].to_numpy()), i_err)
     i_err = np.where(np.isnan(i_err) & no_in, 0.0, i_err)
     # the two channels of the statistics error (error_model): aggregate and extreme, each carried
