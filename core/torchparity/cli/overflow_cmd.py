@@ -125,14 +125,7 @@ def analyse(dump: str | Path, step: int | None = None, rank: int | None = None, 
     from ..dump.damage import damage
 
     warnings = list(dict.fromkeys(frame.attrs.get("warnings", []) or []))
-    lost = [str(w) for w in damage(warnings)]
-    from ..dump.reader import open_dump
-
-    for s, r, by in open_dump(path).lost_units():  # a step directory the run wrote, no longer there
-        if (step is None or s == step) and (rank is None or r == rank):
-            lost.append(f"step{s}/rank{r} is missing: step{by}/rank{r}'s header says the run wrote it "
-                        f"(deleted, moved or not copied?)")
-            warnings.append(lost[-1])
+    lost = [str(w) for w in damage(warnings)]  # truncated files, lost step directories (the reader's)
     if step is not None:
         frame = frame[frame["step"] == step]
     if rank is not None:

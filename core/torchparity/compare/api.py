@@ -205,12 +205,13 @@ def compare(
 def _lost_units(dev: Any, ben: Any, sel: Any) -> list[str]:
     """A line per step directory a dump lost (its rank wrote it, a later header says so), within
     the ``sel`` filter of (step, rank)."""
+    from ..dump.reader import lost_reason
+
     out = []
     for side, reader in (("device", dev), ("bench", ben)):
         for s, r, by in reader.lost_units():
             if sel is None or sel((s, r)):
-                out.append(f"the {side} dump is missing step{s}/rank{r}: step{by}/rank{r}'s header says the run "
-                           f"wrote it (deleted, moved or not copied?)")
+                out.append(f"the {side} dump is missing step{s}/rank{r}: {lost_reason(r, by)}")
     return out
 
 

@@ -114,7 +114,7 @@ def plan_shards(device_dump: str, bench_dump: str, step: int | None = None, rank
 
     :raises DumpError: a dump is missing or empty, the filter matches nothing, or the dumps share no shard.
     """
-    from ..dump.reader import open_dump
+    from ..dump.reader import lost_line, open_dump
     from ..dump.schedule import like_pairs
 
     dev, ben = open_dump(device_dump), open_dump(bench_dump)
@@ -166,8 +166,7 @@ def plan_shards(device_dump: str, bench_dump: str, step: int | None = None, rank
     for side, reader in (("device", dev), ("bench", ben)):
         for s, r, by in reader.lost_units():
             if sel((s, r)):
-                messages.append(f"step{s}/rank{r} is missing from the {side} dump although step{by}/rank{r}'s header "
-                                f"says the run wrote it (deleted, moved or not copied?); not compared")
+                messages.append(f"{lost_line(s, r, by, side)}; not compared")
                 if (s, r) not in listed:
                     listed.add((s, r))
                     missing.append(ShardResult(s, r, NOT_COMPARED, f"lost from the {side} dump"))

@@ -174,12 +174,25 @@ class DumpReader:
         frames = []
         for u in self.select(step, rank):
             frames.append(read_unit(u, warnings))
+        warnings += [Damage(lost_line(s, r, by)) for s, r, by in self.lost_units()
+                     if (step is None or s == step) and (rank is None or r == rank)]
         frames = [f for f in frames if len(f)]
         df = pd.concat(frames, ignore_index=True) if frames else empty_frame()
         if len(frames) > 1:
             df = df[COLUMNS]
         df.attrs = {"path": str(self.path), "format": self.format, "warnings": warnings}
         return df
+
+
+def lost_reason(rank: int, named_by: int) -> str:
+    """Why a step directory counts as lost (:meth:`DumpReader.lost_units`), in every message."""
+    return f"step{named_by}/rank{rank}'s header says the run wrote it (deleted, moved or not copied?)"
+
+
+def lost_line(step: int, rank: int, named_by: int, side: str | None = None) -> str:
+    """A lost step directory, told as a reader warning (``side``: which of two dumps)."""
+    where = f" from the {side} dump" if side else ""
+    return f"step{step}/rank{rank} is missing{where}: {lost_reason(rank, named_by)}"
 
 
 def _read_json_file(path: Path, warnings: list[str], what: str | None = None) -> Any:
