@@ -31,9 +31,7 @@ def reduction_rows(recs: Any, r: Any, is_in: Any, is_out: Any, nel: np.ndarray) 
     if not n or "phase" not in recs or "op" not in recs:
         return np.zeros(n, dtype=bool)
     rec_ids = recs.index.to_numpy()
-    codes, uniq = pd.factorize(recs["op"].astype(str).to_numpy(dtype=object), use_na_sentinel=False)
-    is_mul = np.array([error_model.op_stem(o) in _BROADCAST for o in uniq], dtype=bool)[codes] if len(uniq) \
-        else np.zeros(0, dtype=bool)
+    is_mul = error_model.stems_in(recs["op"].to_numpy(dtype=object), _BROADCAST)
     level = recs["level"].to_numpy(dtype=object) if "level" in recs else np.full(len(rec_ids), "aten", dtype=object)
     mul = is_mul & (recs["phase"].to_numpy(dtype=object) == "backward") & (level != "module")
     if not mul.any():

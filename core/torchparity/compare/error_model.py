@@ -95,15 +95,25 @@ def family_of(op: Any) -> str:
     return "elementwise"
 
 
-def op_families(ops: Any) -> np.ndarray:
-    """:func:`family_of` per op name, vectorised over the distinct names (one decision each)."""
+def _per_name(ops: Any, decide: Any, dtype: Any) -> np.ndarray:
+    """``decide(name)`` per op name, vectorised over the distinct names (one decision each)."""
     import pandas as pd
 
     arr = np.asarray(ops, dtype=object)
     if not len(arr):
-        return np.empty(0, dtype=object)
+        return np.empty(0, dtype=dtype)
     codes, uniq = pd.factorize(pd.Series(arr, dtype=object).astype(str).to_numpy(), use_na_sentinel=False)
-    return np.array([family_of(u) for u in uniq], dtype=object)[codes]
+    return np.array([decide(u) for u in uniq], dtype=dtype)[codes]
+
+
+def op_families(ops: Any) -> np.ndarray:
+    """:func:`family_of` per op name."""
+    return _per_name(ops, family_of, object)
+
+
+def stems_in(ops: Any, stems: frozenset[str]) -> np.ndarray:
+    """Per op name: whether its :func:`op_stem` is one of ``stems``."""
+    return _per_name(ops, lambda o: op_stem(o) in stems, bool)
 
 
 #: the aggregate channel's noise floor, as a fraction of the dtype's elementwise floor

@@ -68,10 +68,8 @@ def hidden_inputs(recs: Any, r: Any, is_in: Any, i_err: np.ndarray) -> np.ndarra
     out = np.zeros(n)
     if not n or "phase" not in recs or "op" not in recs:
         return out
-    codes, uniq = pd.factorize(recs["op"].astype(str).to_numpy(dtype=object), use_na_sentinel=False)
-    is_thr = np.array([error_model.op_stem(o) in THRESHOLDS for o in uniq], dtype=bool)[codes] if len(uniq) \
-        else np.zeros(0, dtype=bool)
-    thr = is_thr & (recs["phase"].to_numpy(dtype=object) == "backward")
+    thr = error_model.stems_in(recs["op"].to_numpy(dtype=object), THRESHOLDS) \
+        & (recs["phase"].to_numpy(dtype=object) == "backward")
     if not thr.any():
         return out
     with np.errstate(invalid="ignore"):

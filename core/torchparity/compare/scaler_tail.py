@@ -13,11 +13,11 @@ import json
 from typing import Any
 
 from .error_model import op_stem
+from .loss_scale import SCALER_OPS, UPDATE_OP
 
-#: ops of ``GradScaler.update()`` (and of the unscale a step may leave behind)
-SCALER_OPS = frozenset({"_amp_update_scale_", "_amp_foreach_non_finite_check_and_unscale_", "to", "_to_copy",
-                        "copy_", "fill_", "full", "lift_fresh", "detach", "clone", "item", "_local_scalar_dense",
-                        "sum", "add", "add_"})
+#: ops of ``GradScaler.update()``: the scaler's bookkeeping ops (loss_scale) and the reads and
+#: sums of its found-inf flags
+TAIL_OPS = SCALER_OPS | {"fill_", "item", "_local_scalar_dense", "sum", "add", "add_"}
 _MAX_RECORDS = 16
 
 
@@ -39,7 +39,7 @@ def is_scaler_tail(reader: Any, step: int, rank: int) -> bool:
                 return False
     except (OSError, ValueError, AttributeError, TypeError):
         return False
-    return "_amp_update_scale_" in ops and all(o in SCALER_OPS for o in ops)
+    return UPDATE_OP in ops and all(o in TAIL_OPS for o in ops)
 
 
 def tail_line(side: str, step: int, rank: int) -> str:
