@@ -340,7 +340,12 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
         self._state: torch.Tensor | None = None  # device int64 [first culprit key, first external row]
         self._state_device: torch.device | None = None
         self._keep: list[torch.Tensor] = []  # pinned index tensors in flight to the device
-        self._arenas: dict[torch.device, Any] = {}  # device -> [screen arena, slots used] (False: none)
+        # (device, dtype) -> [screen arena, slots used, queued values, first queued slot, their
+        # stream key, their CUDA stream] (False: no batched reduction there): see _device_screen
+        self._arenas: dict[tuple[torch.device, torch.dtype], Any] = {}
+        self._queued_ptrs: set[int] = set()  # storages of the queued values
+        self._queued_n = 0
+        self._queued_bytes = 0
         self._active = self.steps is None or self.current_step in self.steps
         if self._attached:
             self._refresh_inherit(op_stream())
@@ -408,7 +413,7 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
         info = _OpInfo(kind=kind, prefix=si.prefix, base=base, op=si.op, first=1 if base in _OVERWRITING else 0,
                        out_only=frozenset(out_only), writes=writes, alias_src=alias,
                        scaled=_SCALED.get(base, -1) if ns == "aten" else -1,
-                       inherits=base in _INHERITS and ns == "aten", view=si.view)
+                       inherits=base in _INHERITS and ns == "aten", view=si.view, foreign=ns not in ("aten", "prims"))
         self._info[id(si)] = info
         self._funcs.append(si)  # keeps the id valid
         return info
@@ -423,6 +428,8 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
             info = self._op_info(call.info)
         if self._stale:
             self._clear_memo()
+        if self._queued_n and (info.writes or info.foreign):
+            self._flush_before(args, kwargs, info)
         if _STREAM.consumers is not self._seen:  # a consumer came or went: inheritance still safe?
             self._refresh_inherit(_STREAM)
         kind = info.kind

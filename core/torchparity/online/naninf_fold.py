@@ -47,6 +47,8 @@ class DeviceFold:
 
     def _fold(self) -> None:
         """Reduce the pending screens into the device state (no host sync)."""
+        if self._queued_n:  # the queued screens' reduction runs first
+            self._flush_screens()
         p = self._pending
         self._pending = _Pending()
         start, end = self._folded, len(self._table)

@@ -4,6 +4,7 @@ outputs whose screen is left to the op that reads them."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext as _nullcontext
 from typing import Any
 
 import torch
@@ -11,10 +12,26 @@ import torch
 from ..capture.op_stream import STREAM_KEY
 from ..capture.tool_state import _tool_state
 from .naninf_rules import (_EXTERNAL, _FINITE, _INF, _NAN, _PENDING, _PRESERVING, _OpInfo, _host_fact,
-                           _screen, _screen_into)
+                           _screen, _screen_many)
 
 #: screens per arena (a float32 device buffer; each screen is a 0-d view of one slot)
 _ARENA = 4096
+#: device screens queued before one batched reduction (:meth:`ScreenMemo._flush_screens`): at
+#: most this many values, or this many bytes of them (a queued value stays alive until then)
+_QUEUE_VALUES = 64
+_QUEUE_BYTES = 256 << 20
+#: the current stream of a CUDA device, as an int (cheap: no Stream object per screen)
+_raw_stream: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream_key(device: torch.device) -> int | None:
+    """What orders work on ``device`` now: 0 on the CPU, the current stream on CUDA; None where
+    it cannot be told cheaply (other accelerators): their screens are not queued."""
+    if device.type == "cpu":
+        return 0
+    if device.type == "cuda" and _raw_stream is not None:
+        return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+    return None
 
 
 class ScreenMemo:
@@ -152,16 +169,18 @@ class ScreenMemo:
         single-tensor op just wrote (its version counter is bumped after the mode returns).
         ``version``: the counter ``t`` will have once the dispatcher returns, for a view op's output
         (its base's: :func:`~torchparity.capture.measure_reuse.view_version`)."""
-        if fact is None:
-            fact = _host_fact(t) if t.is_cpu and self._host_read else self._device_screen(t)
-        try:
-            v = (t._version if version is None else version) + bump
-        except RuntimeError:
-            v = None
         try:
             if ptr is None:
                 ptr = t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError, TypeError):  # no storage (subclasses): not remembered
+            ptr = -1
+        if fact is None:
+            fact = _host_fact(t) if t.is_cpu and self._host_read else self._device_screen(t, ptr)
+        try:
+            v = (t._version if version is None else version) + bump
+        except RuntimeError:
+            v = None
+        if ptr < 0:
             return (v, -1, -1, fact, producer)
         if fact is _PENDING:  # deferred: the chain index rides along
             e = (v, ptr, self._gen.get(ptr, 0), fact, producer, k)
@@ -171,29 +190,101 @@ class ScreenMemo:
         self._memo[t] = e
         return e
 
-    def _device_screen(self, t: torch.Tensor) -> torch.Tensor:
-        """The screen of ``t`` (see :func:`~.naninf_rules._screen`) written into the next slot of
-        its device's arena: a 0-d float32 view, no allocation per screen, and the fold's stack of
-        such views is ~10x cheaper on a GPU host than a stack of separately allocated 0-d screens
-        (bench/results/session16/). float64 values keep their own float64 screen (a finite
-        float64 past float32's range must not read as Inf). A backend without the ``out=``
-        variant of the reduction gets plain screens."""
-        if t.dtype is torch.float64:
+    def _device_screen(self, t: torch.Tensor, ptr: int = -1) -> torch.Tensor:
+        """The screen of ``t`` (see :func:`~.naninf_rules._screen`): a 0-d float32 view of the next
+        slot of an arena (one per device, dtype and stream), filled by the batched reduction of
+        :meth:`_flush_screens`, which runs once per :data:`_QUEUE_VALUES` values (or
+        :data:`_QUEUE_BYTES`), before any op writes into a queued value's storage, before any
+        op outside aten (a collective), on a change of stream, and before the fold reads the
+        screens. On a GPU host a reduction launched from Python costs ~20 us per value; the
+        fold's stack of arena views is ~10x cheaper than a stack of separately allocated 0-d
+        screens (bench/results/session16/). float64 values keep their own float64 screen (a
+        finite float64 past float32's range must not read as Inf), as do values without a
+        storage (``ptr`` < 0) and values on accelerators whose current stream cannot be told
+        cheaply. A backend without the multi-tensor reduction gets plain screens."""
+        if t.dtype is torch.float64 or ptr < 0:
             return _screen(t)
+        dev = t.device
+        if not t.numel():  # holds nothing (and a max-reduction of nothing is an error)
+            return torch.zeros((), dtype=torch.float32, device=dev)
+        stream = _stream_key(dev)
+        if stream is None:
+            return _screen(t)
+        key = (dev, t.dtype)
         arenas = self._arenas
-        a = arenas.get(t.device)
-        if a is False:  # this device's out= reduction failed once: plain screens
+        a = arenas.get(key)
+        if a is False:  # this device's batched reduction failed once: plain screens
             return _screen(t)
-        if a is None or a[1] >= _ARENA:
-            with torch.inference_mode(False):
-                a = arenas[t.device] = [torch.empty(_ARENA, dtype=torch.float32, device=t.device), 0]
+        if a is None or a[1] >= _ARENA or (a[2] and a[4] != stream):
+            if self._queued_n:
+                self._flush_screens()
+            if a is None or a[1] >= _ARENA:
+                with torch.inference_mode(False):
+                    a = arenas[key] = [torch.empty(_ARENA, dtype=torch.float32, device=dev), 0, [], 0, stream, None]
         k = a[1]
         a[1] = k + 1
+        q = a[2]
+        if not q:  # a new queue: its first slot, and the stream it runs on
+            a[3], a[4] = k, stream
+            a[5] = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
+        q.append(t)
+        self._queued_ptrs.add(ptr)
+        self._queued_n += 1
+        self._queued_bytes += t.numel() * t.element_size()
+        slot = a[0][k]
+        if self._queued_n >= _QUEUE_VALUES or self._queued_bytes >= _QUEUE_BYTES:
+            self._flush_screens()
+        return slot
+
+    def _flush_screens(self) -> None:
+        """Run the queued screens: per arena one multi-tensor reduction into the queued slots
+        (on the stream the values were queued on), then the values are let go."""
+        self._queued_ptrs = set()
+        self._queued_n = self._queued_bytes = 0
+        failed = []
+        state = _tool_state
+        state.busy = getattr(state, "busy", 0) + 1
         try:
-            return _screen_into(t, a[0][k])
-        except (RuntimeError, NotImplementedError, TypeError):  # a backend without the out= variant
-            arenas[t.device] = False
-            return _screen(t)
+            for key, a in self._arenas.items():
+                if not a or not a[2]:
+                    continue
+                q, k0, stream = a[2], a[3], a[5]
+                a[2] = []
+                out = a[0][k0:k0 + len(q)]
+                other = stream is not None and _stream_key(key[0]) != a[4]  # queued on another stream
+                with torch.cuda.stream(stream) if other else _nullcontext(), torch.no_grad():
+                    try:
+                        _screen_many(q, out)
+                    except (RuntimeError, NotImplementedError, TypeError):  # no batched reduction here
+                        failed.append(key)
+                        for i, t in enumerate(q):
+                            out[i].copy_(_screen(t))
+        finally:
+            state.busy -= 1
+        for key in failed:
+            self._arenas[key] = False
+
+    def _flush_before(self, args: tuple, kwargs: dict, info: _OpInfo) -> None:
+        """Before an op that may write into a queued value (an in-place op or ``out=`` into its
+        storage; any op outside aten, whose schema may not say what it writes): its screen runs
+        first, on the value as the op that made it left it."""
+        if info.foreign:
+            self._flush_screens()
+            return
+        queued = self._queued_ptrs
+        for i, name, is_list in info.writes:
+            v = args[i] if i < len(args) else kwargs.get(name)
+            if v is None:
+                continue
+            for t in (v if is_list else (v,)):
+                if isinstance(t, torch.Tensor):
+                    try:
+                        hit = t.untyped_storage().data_ptr() in queued
+                    except (RuntimeError, NotImplementedError, TypeError):
+                        hit = True  # cannot tell: screen first
+                    if hit:
+                        self._flush_screens()
+                        return
 
     def _note_writes(self, args: tuple, kwargs: dict, writes: tuple) -> list[tuple[torch.Tensor, int, int]]:
         """Bump the write generation of every tensor the op wrote; returns (tensor, bump, ptr)."""
