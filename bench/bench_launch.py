@@ -160,6 +160,8 @@ def run_model(which: str, root: str, rounds: int, warmup: int, steps: int, devic
     configs: dict[str, Any] = {"off": None, "empty TorchDispatchMode": _EmptyMode}
     if not only or "NaN/Inf screen" in only:
         configs["NaN/Inf screen"] = lambda: torchparity.NanInfTracker(bench.model)
+    if not only or "NaN/Inf light steps" in only:  # step 0 (warm-up) op by op, the timed steps light
+        configs["NaN/Inf light steps"] = lambda: torchparity.NanInfTracker(bench.model, steps=[0], light="module")
     for level, mode in DUMPS:
         name = f"{level} {mode}"
         if only and name not in only:

@@ -81,7 +81,7 @@ class _Tools:
     """Runs several tools as one context (entered in order, left in reverse)."""
 
     def __init__(self, root: str, bench: Any, dump_level: str | None, naninf: bool, online: bool,
-                 mode: str = "statistics", summaries: str = "off") -> None:
+                 mode: str = "statistics", summaries: str = "off", naninf_light: bool = False) -> None:
         self.dir = tempfile.mkdtemp(dir=root)
         self.stack = contextlib.ExitStack()
         self.parts: list[Any] = []
@@ -89,7 +89,9 @@ class _Tools:
             self.parts.append(lambda: torchparity.dump(self.dir, level=dump_level, mode=mode, model=bench.model,
                                                        summaries=summaries))
         if naninf:
-            self.parts.append(lambda: torchparity.NanInfTracker(bench.model))
+            # light: step 0 (a warm-up step) tracked op by op, the timed steps are light steps
+            kw: dict[str, Any] = dict(steps=[0], light="module") if naninf_light else {}
+            self.parts.append(lambda: torchparity.NanInfTracker(bench.model, **kw))
         if online:
             from torchparity.online.compare import CompareWithReference
 
@@ -184,11 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     line = bench.line() if isinstance(bench, LlamaBench) else model_line(bench)
     root = tempfile.mkdtemp(prefix="tp-bench-stream-")
 
-    def tools(level: str | None, naninf: bool = False, online: bool = False, mode: str = "statistics") -> Any:
-        return lambda: _Tools(root, bench, level, naninf, online, mode, a.summaries)
+    def tools(level: str | None, naninf: bool = False, online: bool = False, mode: str = "statistics",
+              light: bool = False) -> Any:
+        return lambda: _Tools(root, bench, level, naninf, online, mode, a.summaries, naninf_light=light)
 
     configs: dict[str, Any] = {"tool off": None, "empty TorchDispatchMode": EmptyMode,
-                               "NaN/Inf screen": tools(None, naninf=True)}
+                               "NaN/Inf screen": tools(None, naninf=True),
+                               "NaN/Inf light steps": tools(None, naninf=True, light=True)}
     for mode in [x for x in a.modes.split(",") if x]:
         for level in [x for x in a.levels.split(",") if x]:
             configs[f"dump {level}" + ("" if mode == "statistics" else f" {mode}")] = tools(level, mode=mode)

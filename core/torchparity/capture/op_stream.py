@@ -409,6 +409,8 @@ class OpStream:
         self.tracker = t
 
     def _tag_backward(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
+        if self._all_paused:  # no consumer sees this step's ops: no backward op to attribute
+            return
         walked = self._walked
         tag_graph(output, (frame.path, frame.cls), key=STREAM_KEY, since=frame.seq0, walked=walked)
         if walked and self.tracker is not None and not self.tracker.stack:  # the outermost module returned

@@ -14,9 +14,9 @@ from typing import Any
 from ..errors import UsageError
 from ..records import LEVELS, MODES
 
+from .schedule import LIGHT_TIERS, check_schedule, tier_of  # noqa: F401 (LIGHT_TIERS re-exported)
+
 PHASE_NAMES = ("forward", "backward", "optimizer", "recompute")
-#: what the steps between full captures may record (``DumpOptions.light``); None: nothing
-LIGHT_TIERS = (None, "module")
 
 
 @dataclass
@@ -100,19 +100,7 @@ class DumpOptions:
 
     def _check_schedule(self) -> None:
         """Validate ``steps``, ``every`` and ``light`` (one-line errors naming the option)."""
-        if self.steps is not None:
-            steps = list(self.steps) if not isinstance(self.steps, (str, bytes)) and hasattr(self.steps, "__iter__") else None
-            if steps is None or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
-                raise UsageError(f"steps must be a list of step numbers >= 0 (got {self.steps!r})")
-            self.steps = steps
-        if self.every is not None and (isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1):
-            raise UsageError(f"every must be a whole number >= 1 (full capture on steps 0, N, 2N, ...; got {self.every!r})")
-        if self.light not in LIGHT_TIERS:
-            raise UsageError(f"light must be one of {', '.join(t for t in LIGHT_TIERS if t)} or None "
-                             f"(what the steps between full captures record; got {self.light!r})")
-        if self.light is not None and self.every is None and self.steps is None:
-            raise UsageError(f"light={self.light!r} records the steps that are not captured fully; "
-                             "give every=N or steps=[...] too")
+        self.steps = check_schedule(self.steps, self.every, self.light)
 
     @property
     def scheduled(self) -> bool:
@@ -122,9 +110,7 @@ class DumpOptions:
     def tier(self, step: int) -> str | None:
         """What step ``step`` records: ``"full"`` (the configured level and mode), ``"light"``
         (module records, statistics) or None (nothing). Ranks are not considered here."""
-        if (self.steps is None or step in self.steps) and (self.every is None or step % self.every == 0):
-            return "full"
-        return "light" if self.light is not None else None
+        return tier_of(step, self.steps, self.every, self.light)
 
     def light_options(self) -> "DumpOptions":
         """The options in force on light steps: module level, statistics; every filter kept."""

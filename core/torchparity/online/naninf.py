@@ -74,7 +74,6 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..capture import ops as opinfo
 from ..capture.module_tracker import Frame, ModuleTracker
 from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, OpInfo, is_stream_mode, op_stream
 from ..capture.tensor_memo import TensorMemo
@@ -85,43 +84,17 @@ log = logging.getLogger("torchparity")
 __all__ = ["NanInfTracker", "NanInfFinding", "NonFiniteError"]
 
 from .naninf_rules import (  # noqa: F401 (re-exported: tests and callers use naninf._screen ...)
-    _META_KEY,
-    _SKIP,
-    _UNCHECKED,
-    _ALIAS,
-    _CHECK,
-    _FINITE,
-    _INF,
-    _NAN,
-    _SENTINEL,
-    _OVERWRITING,
-    _COPIES,
-    _SCALED,
-    _SMALL_ADDEND,
-    _INHERITS,
-    _SAME,
-    _WIDTH,
-    _FLOAT,
-    _STRIDED,
-    _CHUNK,
-    _EXTERNAL,
-    _PENDING,
-    _PRESERVING,
-    _INF_ORD,
-    _screen,
-    _host_fact,
-    _OpInfo,
-    _graph_task_id,
-    _scales_down,
-    _FMAX,
-    _accumulates,
-    _inherits_into,
-    _scalars_in_range,
-    _flat_tensors,
-    _tensors,
+    _META_KEY, _SKIP, _UNCHECKED, _ALIAS, _CHECK, _FINITE, _INF, _NAN, _SENTINEL, _OVERWRITING, _COPIES,
+    _SCALED, _SMALL_ADDEND, _INHERITS, _SAME, _WIDTH, _FLOAT, _STRIDED, _CHUNK, _EXTERNAL, _PENDING,
+    _PRESERVING, _INF_ORD, _screen, _host_fact, _OpInfo, _graph_task_id, _scales_down, _FMAX, _accumulates,
+    _inherits_into, _scalars_in_range, _flat_tensors, _tensors,
 )
-from .naninf_findings import MARKER, NanInfFinding, NonFiniteError
+from ..capture.outside_backward import OutsideBackward
+from ..capture.schedule import check_schedule, tier_of
+from .naninf_findings import BEFORE_STEP, MARKER, NanInfFinding, NonFiniteError
 from .naninf_fold import DeviceFold, _Pending
+from .naninf_light import LightTier
+from .naninf_rules import op_rules
 from .naninf_ops import OpChecks
 from .naninf_screens import ScreenMemo
 from .naninf_sites import SiteJudge
@@ -129,7 +102,7 @@ from .naninf_sites import SiteJudge
 _STREAM = op_stream()
 
 
-class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
+class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpConsumer):
     """Report the first op that produced a NaN/Inf from finite inputs, with module path and step.
 
     :param model: optional root module, to name modules by their path in it (``layers.1.mlp``);
@@ -137,7 +110,13 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
     :param on_failure: ``"log"`` (default: log a warning with the marker ``[torchparity:NANINF]``
         and keep going) or ``"raise"`` (also raise :class:`NonFiniteError` at the step boundary;
         ``"stop"`` is accepted as an alias).
-    :param steps: steps to check (``None``: all). Other steps run untouched.
+    :param steps: steps tracked op by op (``None``: all). Other steps run untouched, or light.
+    :param every: track op by op on steps 0, N, 2N, ... only (with ``steps``: the steps of the
+        list that are multiples of N).
+    :param light: ``"module"``: the steps not tracked op by op screen each module's output and
+        the step's sinks (gradients, parameters) instead of nothing; a NaN/Inf that reaches a
+        sink is reported (kind ``"light"``: the module or parameter, not the op) and the next step
+        is tracked op by op (:mod:`~torchparity.online.naninf_light`).
     :param report_entered: also report, when no op created a NaN/Inf in a step, the first op that
         read a non-finite tensor from outside (data, parameters). Default on.
 
@@ -165,7 +144,8 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
     steps_on_optimizer = True
 
     def __init__(self, model: torch.nn.Module | None = None, *, on_failure: str = "log",
-                 steps: Iterable[int] | None = None, report_entered: bool = True) -> None:
+                 steps: Iterable[int] | None = None, report_entered: bool = True, every: int | None = None,
+                 light: str | None = None) -> None:
         if on_failure == "stop":
             on_failure = "raise"
         if on_failure not in ("log", "raise"):
@@ -174,7 +154,14 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
             raise UsageError(f"NanInfTracker: model must be a torch.nn.Module (got {type(model).__name__})")
         self.model = model
         self.on_failure = on_failure
-        self.steps = None if steps is None else frozenset(int(s) for s in steps)
+        steps = check_schedule(steps, every, light, full="op-level tracking")
+        self.steps = None if steps is None else frozenset(steps)
+        self.every = every
+        self.light = light
+        self._escalate = False  # a light step saw a harmful NaN/Inf: the next step is tracked op by op
+        self._outside: OutsideBackward | None = None  # pauses and resumes the stream outside backward
+        self._paused = False
+        self._light_reset()
         self.report_entered = report_entered
         self.findings: list[NanInfFinding] = []
         #: creation sites whose NaN/Inf never reached a sink (information, not findings)
@@ -229,6 +216,10 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
         self._tracker = stream.tracker
         if self._tracker is not None:  # the root module's output is a sink
             self._tracker.on_exit.append(self._module_exit)
+            self._tracker.on_enter.append(self._module_enter)
+            if self.steps is not None or self.every is not None:
+                self._outside = OutsideBackward(self._tracker)
+                self._outside.run(self._follow_tier)
         # raise a step's finding only after the stream has ended the step for every consumer
         # (registered after the stream's own hook, so it runs after it)
         self._hooks = [optim_mod.register_optimizer_step_post_hook(self._after_opt_step)]
@@ -289,6 +280,12 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
         t, self._tracker = self._tracker, None
         if t is not None and self._module_exit in t.on_exit:
             t.on_exit.remove(self._module_exit)
+        if t is not None and self._module_enter in t.on_enter:
+            t.on_enter.remove(self._module_enter)
+        if self._outside is not None:
+            self._outside.cancel(self._follow_tier)
+            self._outside = None
+        self._paused = False
         self._call = None
 
     def _after_opt_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -346,9 +343,14 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
         self._queued_ptrs: set[int] = set()  # storages of the queued values
         self._queued_n = 0
         self._queued_bytes = 0
-        self._active = self.steps is None or self.current_step in self.steps
+        self._tier = "full" if self._escalate else tier_of(self.current_step, self.steps, self.every, self.light)
+        self._escalate = False
+        self._active = self._tier == "full"
+        self._light_reset()
         if self._attached:
             self._refresh_inherit(op_stream())
+            if self._outside is not None:
+                self._outside.run(self._follow_tier)
 
     def _clear_memo(self) -> None:
         self._memo.clear()
@@ -359,7 +361,18 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
         """Check and report the step; returns its top finding (raised now with ``raise_now``,
         else by the caller once every consumer has seen the step end: :meth:`_raise_if`)."""
         with self._lock:
-            found, absorbed = self._collect() if self._active else ([], [])
+            if self._active:
+                found, absorbed = self._collect()
+            elif self._tier == "light":
+                found, absorbed = self._light_collect(), []
+                entered = bool(found) and found[0].name.endswith(BEFORE_STEP)
+                if entered and self.findings:
+                    found = []  # parameters that hold NaN/Inf are reported once
+                # the op is not known: the next step is tracked op by op (unless the parameters
+                # already held it: no op of the next step would create it either)
+                self._escalate = bool(found) and not entered
+            else:
+                found, absorbed = [], []
             if found and found[0].kind == "entered" and (
                     self.first is not None or any(f.kind == "entered" for f in self.findings)):
                 found = []  # data/parameter NaN is reported once, and only before any culprit
@@ -381,8 +394,17 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
     def _module_exit(self, frame: Frame, args: tuple, kwargs: dict, output: Any) -> None:
         """The root module's output is a sink (see :meth:`_verdict`); the stream's tracker tags
         the autograd nodes for backward attribution."""
-        if frame.path == "" and not frame.recompute and self._attached and self._active:
-            self._output_sink(output)
+        if not self._attached:
+            return
+        if self._active:
+            if frame.path == "" and not frame.recompute:
+                self._output_sink(output)
+        elif self._tier == "light":
+            self._light_exit(frame, output)
+
+    def _module_enter(self, frame: Frame, args: tuple, kwargs: dict) -> None:
+        if self._tier == "light" and self._attached:
+            self._light_enter(frame)
 
     def _row(self, info: _OpInfo, call: int) -> tuple:
         """(prefix, base, call, op, module, module class, phase) of the running op (its module
@@ -394,26 +416,7 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, OpConsumer):
     # ---- per op (hot path) -------------------------------------------------------------------
     def _op_info(self, si: OpInfo) -> _OpInfo:
         """The tracker's rules for an overload, keyed by the stream's :class:`OpInfo`."""
-        func, base, ns = si.func, si.base, si.namespace
-        writes = si.writes
-        schema = getattr(func, "_schema", None)
-        out_only: set[Any] = set()
-        for i, name, _ in writes:
-            if schema is not None and schema.arguments[i].kwarg_only:
-                out_only.update((i, name))
-        if not si.counted:
-            kind = _SKIP
-        elif opinfo.is_uninitialised(func):
-            kind = _UNCHECKED
-        else:
-            kind = _CHECK
-        # views and copies hand their input's values on and cannot create a NaN/Inf: their
-        # outputs share the input's screen; uninitialised results mean nothing
-        alias = 1 if base == "copy_" else 0 if (si.view or base in _COPIES or base in _SAME) else -1
-        info = _OpInfo(kind=kind, prefix=si.prefix, base=base, op=si.op, first=1 if base in _OVERWRITING else 0,
-                       out_only=frozenset(out_only), writes=writes, alias_src=alias,
-                       scaled=_SCALED.get(base, -1) if ns == "aten" else -1,
-                       inherits=base in _INHERITS and ns == "aten", view=si.view, foreign=ns not in ("aten", "prims"))
+        info = op_rules(si)
         self._info[id(si)] = info
         self._funcs.append(si)  # keeps the id valid
         return info

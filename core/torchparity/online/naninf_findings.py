@@ -9,6 +9,8 @@ from ..errors import TorchparityError
 
 #: greppable marker of every finding in the log
 MARKER = "[torchparity:NANINF]"
+#: the end of a light finding's name when the parameters held the NaN/Inf as the step began
+BEFORE_STEP = " at the step's start"
 
 
 class NonFiniteError(TorchparityError):
@@ -27,7 +29,10 @@ class NanInfFinding:
     ``"entered"`` (no op created it in this step; the op read a non-finite tensor that no tracked
     op produced, e.g. a parameter or a batch that already held NaN). ``"absorbed"`` (in
     :attr:`NanInfTracker.absorbed`, not a finding): a creation site whose NaN/Inf never reached
-    the loss, a gradient, a parameter, optimizer state or the model's output.
+    the loss, a gradient, a parameter, optimizer state or the model's output. ``"light"``: on a
+    light step (``light="module"``, no op tracked) a NaN/Inf reached a sink; ``name`` says where
+    it was first seen (a module output as the module-level dump names it,
+    ``Module.layers.1.mlp.MLP.forward.0``; ``gradient of fc.weight``; ``parameter fc.weight``), ``op`` is empty, ``seq`` is -1, and the next step is tracked op by op.
     """
 
     kind: str
@@ -43,6 +48,19 @@ class NanInfFinding:
     def __str__(self) -> str:
         where = f"in module {self.module!r}" + (f" ({self.module_class})" if self.module_class else "") \
             if self.module else "outside any module"
+        if self.kind == "light":
+            if self.name.endswith(BEFORE_STEP):
+                return (f"step {self.step} (light tier, no op tracked): the {self.name} already held {self.value} "
+                        f"(it came from an earlier step, with the parameters)")
+            if self.phase == "forward":
+                seen = (f"in the output of module {self.module!r}" + (f" ({self.module_class})" if self.module_class else "")
+                        if self.module else "in the model's output") + f" ({self.name})"
+            else:
+                seen = f"in the {self.name}" + (" after the optimizer step" if self.phase == "optimizer" else "")
+            return (f"step {self.step} (light tier, no op tracked): {self.value} reached the loss, a gradient or a "
+                    f"parameter; first seen {seen}. The next step is tracked op by op; if it does not come again "
+                    f"there, run step {self.step} again with NanInfTracker(model, steps=[{self.step}]) to name the op "
+                    f"that creates it")
         if self.kind == "created":
             what = f"produced {self.value} from finite inputs"
         elif self.kind == "absorbed":

@@ -219,3 +219,30 @@ def _tensors(out: Any) -> list[torch.Tensor]:
                 res.extend(y for y in x if isinstance(y, torch.Tensor))
         return res
     return []
+
+
+def op_rules(si: Any) -> _OpInfo:
+    """The tracker's rules for an overload (``si``: the op stream's
+    :class:`~torchparity.capture.op_stream.OpInfo`), computed once per overload."""
+    from ..capture import ops as opinfo
+
+    func, base, ns = si.func, si.base, si.namespace
+    writes = si.writes
+    schema = getattr(func, "_schema", None)
+    out_only: set[Any] = set()
+    for i, name, _ in writes:
+        if schema is not None and schema.arguments[i].kwarg_only:
+            out_only.update((i, name))
+    if not si.counted:
+        kind = _SKIP
+    elif opinfo.is_uninitialised(func):
+        kind = _UNCHECKED
+    else:
+        kind = _CHECK
+    # views and copies hand their input's values on and cannot create a NaN/Inf: their
+    # outputs share the input's screen; uninitialised results mean nothing
+    alias = 1 if base == "copy_" else 0 if (si.view or base in _COPIES or base in _SAME) else -1
+    return _OpInfo(kind=kind, prefix=si.prefix, base=base, op=si.op, first=1 if base in _OVERWRITING else 0,
+                   out_only=frozenset(out_only), writes=writes, alias_src=alias,
+                   scaled=_SCALED.get(base, -1) if ns == "aten" else -1,
+                   inherits=base in _INHERITS and ns == "aten", view=si.view, foreign=ns not in ("aten", "prims"))
