@@ -212,6 +212,45 @@ def naninf_clean(precision: str = "fp32") -> Callable[[ZooSpec, Path], Cell]:
     return cell
 
 
+def naninf_light_clean(precision: str = "fp32") -> Callable[[ZooSpec, Path], Cell]:
+    """The tracker's light tier on a clean model: step 0 op by op, steps 1-2 light; no finding."""
+    def cell(spec: ZooSpec, wd: Path) -> Cell:
+        import torchparity
+
+        tr = _trainer(spec, precision)
+        with torchparity.NanInfTracker(tr.model, on_failure="log", steps=[0], light="module") as tracker:
+            tr.train(3)
+        if tracker.findings:
+            return Cell(FALSE_ALARM, _short("; ".join(str(f) for f in tracker.findings)))
+        return Cell(OK, "no finding (1 step op by op, 2 light steps)")
+    return cell
+
+
+def naninf_light_dispatch(spec: ZooSpec, wd: Path) -> Cell:
+    """A NaN put into one forward op on light step 1: the light finding names that step and the
+    module (or one inside it, or around it: the first module output that held the NaN)."""
+    import dataclasses
+
+    import torchparity
+    from torchparity_backend_emulated import emulate
+
+    fault = dataclasses.replace(_pin(spec, "fp32", spec.nan_op, spec.nan_module, "forward", wd, kind="nan", index=3),
+                                step=1)
+    tr = _trainer(spec, "fp32")
+    with emulate(dtype=None, faults=[fault]) as dev:
+        with torchparity.NanInfTracker(tr.model, on_failure="log", steps=[0], light="module") as tracker:
+            losses = tr.train(2)
+    if not dev.injections:
+        raise RuntimeError("harness: the fault did not fire in step 1")
+    mod = dev.injections[0].module
+    for f in tracker.findings:
+        if f.kind == "light" and f.step == 1 and f.phase == "forward" and (
+                f.module == mod or f.module.startswith(mod + ".") or mod.startswith(f.module + ".") or not mod):
+            return Cell(OK, _short(f"light: {f.name} (planted in {mod!r})"))
+    got = "; ".join(str(f) for f in tracker.findings) or f"no finding (loss {losses})"
+    return Cell(MISS, _short(f"planted NaN in {dev.injections[0].op} in {mod!r} at step 1; got {got}"))
+
+
 def _judge_nan(tracker: Any, module: str, op_ok: Callable[[str], bool], planted: str, losses: list[float]) -> Cell:
     for f in tracker.findings:
         if f.module == module and op_ok(f.op):
@@ -396,6 +435,10 @@ FEATURES["fault-bwd-mm-x2-extra-op"] = planted_fault("bwd-mm", 2.0, extra_clone=
 FEATURES["naninf-clean"] = naninf_clean("fp32")
 FEATURES["naninf-clean-bf16"] = naninf_clean("bf16")
 FEATURES["naninf-dispatch"] = naninf_dispatch
+FEATURES["naninf-light-clean"] = naninf_light_clean("fp32")
+FEATURES["naninf-light-clean-bf16"] = naninf_light_clean("bf16")
+FEATURES["naninf-light-clean-fp16"] = naninf_light_clean("fp16")
+FEATURES["naninf-light-dispatch"] = naninf_light_dispatch
 FEATURES["naninf-hook-write"] = naninf_hook("write")
 FEATURES["naninf-hook-mul"] = naninf_hook("mul")
 FEATURES["online-bf16"] = online("bf16")
