@@ -35,6 +35,10 @@
 #   PART=s16c: session 16's last run (about 5 min): the CUDA tests, gpu_checks, bench_compile per step and cold
 #             compile (statistics ops in groups of values), the 1B Llama at batch 8, a cumulative cProfile of
 #             the compiled bench model's capture
+#   PART=s18: prepared in session 18 (no GPU then; about 6 min): the CUDA tests (the NaN/Inf screens' queue on
+#             side streams among them, and the light tier's tests), gpu_checks, the 1B Llama at batch 8 with the
+#             NaN/Inf screen queued and its light steps (row "NaN/Inf light steps"), a cProfile of its NaN/Inf
+#             screen, bench_compile per step
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -219,6 +223,14 @@ elif [ "$part" = s16b ]; then
   s16_compile 45 0
   s16_llama1b 100
   s16_cprof_naninf 45 45
+  stamp done
+elif [ "$part" = s18 ]; then
+  wheel_check
+  s16_pytest 90 tests/online/test_naninf_light.py
+  s16_checks 45
+  s16_llama1b 150
+  s16_cprof_naninf 45 40
+  s16_compile 45 0
   stamp done
 elif [ "$part" = s16c ]; then
   export PYTHONUNBUFFERED=1
