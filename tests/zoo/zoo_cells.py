@@ -226,6 +226,29 @@ def naninf_light_clean(precision: str = "fp32") -> Callable[[ZooSpec, Path], Cel
     return cell
 
 
+def naninf_scaler_overflow(light: bool) -> Callable[[ZooSpec, Path], Cell]:
+    """fp16 AMP with a GradScaler started at 2**24, as high as real runs start theirs: the scaled
+    backward overflows in the first steps and the scaler skips them, by design. The tracker (op by
+    op over 3 steps, or step 0 op by op and the rest light, each step ended by hand since skipped
+    optimizer steps end none) reports nothing."""
+    def cell(spec: ZooSpec, wd: Path) -> Cell:
+        import torchparity
+
+        tr = _trainer(spec, "fp16")
+        tr.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)
+        kw: dict[str, Any] = dict(steps=[0], light="module") if light else {}
+        with torchparity.NanInfTracker(tr.model, on_failure="log", **kw) as tracker:
+            for _ in range(3):
+                tr.step()
+                tracker.step()
+        skipped = tr.scaler.get_scale() < 2.0 ** 24
+        if tracker.findings:
+            return Cell(FALSE_ALARM, _short("; ".join(str(f) for f in tracker.findings)))
+        return Cell(OK, f"no finding; the scaler {'skipped overflowing steps' if skipped else 'skipped no step'}, "
+                        f"{len(tracker.absorbed)} absorbed")
+    return cell
+
+
 def naninf_light_dispatch(spec: ZooSpec, wd: Path) -> Cell:
     """A NaN put into one forward op on light step 1: the light finding names that step and the
     module (or one inside it, or around it: the first module output that held the NaN)."""
@@ -439,6 +462,8 @@ FEATURES["naninf-light-clean"] = naninf_light_clean("fp32")
 FEATURES["naninf-light-clean-bf16"] = naninf_light_clean("bf16")
 FEATURES["naninf-light-clean-fp16"] = naninf_light_clean("fp16")
 FEATURES["naninf-light-dispatch"] = naninf_light_dispatch
+FEATURES["naninf-fp16-scaler-overflow"] = naninf_scaler_overflow(light=False)
+FEATURES["naninf-light-fp16-scaler-overflow"] = naninf_scaler_overflow(light=True)
 FEATURES["naninf-hook-write"] = naninf_hook("write")
 FEATURES["naninf-hook-mul"] = naninf_hook("mul")
 FEATURES["online-bf16"] = online("bf16")

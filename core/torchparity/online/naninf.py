@@ -311,6 +311,7 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpCo
         self._sites: list[tuple[int, tuple, str]] = []
         self._harm = 0
         self._sunk = False  # a sink ran this step (backward, optimizer, the root module's exit)
+        self._scaler_seen = False  # a GradScaler checked gradients this step (see SiteJudge._collect)
         self._lost = False  # a sink held NaN/Inf of no known site (then every site is harmful)
         self._wsites: dict[int, int] = {}  # storage ptr -> sites written into it in place
         # device path: storage ptr -> the screens of values copied into it in place, and the
@@ -433,6 +434,8 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpCo
             self._clear_memo()
         if self._queued_n and (info.writes or info.foreign):
             self._flush_before(args, kwargs, info)
+        if info.scaler_check:
+            self._scaler_seen = True
         if _STREAM.consumers is not self._seen:  # a consumer came or went: inheritance still safe?
             self._refresh_inherit(_STREAM)
         kind = info.kind

@@ -11,6 +11,8 @@ from ..errors import TorchparityError
 MARKER = "[torchparity:NANINF]"
 #: the end of a light finding's name when the parameters held the NaN/Inf as the step began
 BEFORE_STEP = " at the step's start"
+#: why an overflow of the scaled backward is absorbed (``NanInfFinding.note``)
+SCALER_NOTE = "absorbed by the loss scaler: a GradScaler checked these gradients and skips the optimizer step they overflow"
 
 
 class NonFiniteError(TorchparityError):
@@ -29,7 +31,9 @@ class NanInfFinding:
     ``"entered"`` (no op created it in this step; the op read a non-finite tensor that no tracked
     op produced, e.g. a parameter or a batch that already held NaN). ``"absorbed"`` (in
     :attr:`NanInfTracker.absorbed`, not a finding): a creation site whose NaN/Inf never reached
-    the loss, a gradient, a parameter, optimizer state or the model's output. ``"light"``: on a
+    the loss, a gradient, a parameter, optimizer state or the model's output, or one made in the
+    backward of a step whose gradients a GradScaler checked (``note`` says so: fp16 AMP skips the
+    optimizer step of an overflowing scaled backward and lowers the scale, by design). ``"light"``: on a
     light step (``light="module"``, no op tracked) a NaN/Inf reached a sink; ``name`` says where
     it was first seen (a module output as the module-level dump names it,
     ``Module.layers.1.mlp.MLP.forward.0``; ``gradient of fc.weight``; ``parameter fc.weight``), ``op`` is empty, ``seq`` is -1, and the next step is tracked op by op.
@@ -44,6 +48,7 @@ class NanInfFinding:
     step: int
     seq: int  # index of the op among the tracked ops of the step
     value: str  # "NaN" or "Inf" (what the first bad screen held)
+    note: str = ""  # why it is absorbed, when not for the usual reason (SCALER_NOTE)
 
     def __str__(self) -> str:
         where = f"in module {self.module!r}" + (f" ({self.module_class})" if self.module_class else "") \
@@ -64,8 +69,8 @@ class NanInfFinding:
         if self.kind == "created":
             what = f"produced {self.value} from finite inputs"
         elif self.kind == "absorbed":
-            what = f"produced {self.value} from finite inputs; absorbed (it reached no loss, gradient, " \
-                "parameter or model output)"
+            what = f"produced {self.value} from finite inputs; " + (self.note or "absorbed (it reached no loss, "
+                                                                    "gradient, parameter or model output)")
         else:
             what = f"read a tensor that already held {self.value} (no tracked op created it in this step)"
         return f"step {self.step}: {self.name} ({self.op}) {where}, {self.phase}: {what}"

@@ -3,11 +3,12 @@ op-level steps check (``every=N`` or ``steps=[...]`` with ``light="module"``).
 
 On a light step the tracker sees no op: the op stream is paused for it (its dispatch mode leaves
 the stack when no other consumer needs it). It screens each module's output as the module
-returns (``max(|t|)``, one multi-tensor reduction per module call) and, at the step's end, the
-step's sinks: every parameter's gradient and every parameter (after the optimizer step). One
-stack and one host read per step. A NaN/Inf is reported only when it reached a sink (the root
-module's output, a gradient or a parameter): a mask holding ``-inf`` inside the model, absorbed
-by a softmax, is not a finding on a light step either. A light finding names the first module
+returns (``max(|t|)``, one multi-tensor reduction per module call) and, at the step's end, every
+parameter's gradient and every parameter (after the optimizer step; and as the step began). One
+stack and one host read per step. A NaN/Inf is reported only when it reached a sink: the root
+module's output or a parameter. A mask holding ``-inf`` inside the model, absorbed by a softmax,
+is no finding; nor are gradients that overflowed while the parameters stayed finite (a
+GradScaler skipped the step). A light finding names the first module
 whose output held the sink's kind of value (NaN, else Inf), or the first parameter whose gradient
 or value held it; the op is not known on a light step, so the next step is tracked op by op
 (if the NaN/Inf comes again, its creating op is named as on any tracked step).
@@ -134,9 +135,11 @@ class LightTier:
         grad_vals = read[len(outs):len(outs) + len(grads)]
         param_vals = read[len(outs) + len(grads):len(outs) + len(grads) + len(values)]
         before_vals = read[len(read) - len(before):]
+        # the sinks: the model's output and the parameters after the step. Non-finite gradients
+        # alone are not: a GradScaler (fp16 AMP) skips the optimizer step they overflow, by design
         sink = next((_bad(v) for o, v in zip(outs, mod_vals) if o[0] == "" and _bad(v)), None) \
-            or next((_bad(v) for v in grad_vals if _bad(v)), None) or next((_bad(v) for v in param_vals if _bad(v)), None)
-        if sink is None:  # nothing non-finite reached a sink (an absorbed mask, or all finite)
+            or next((_bad(v) for v in param_vals if _bad(v)), None)
+        if sink is None:  # nothing non-finite reached a sink (an absorbed mask, a skipped step, or all finite)
             return []
         step = self.current_step
         for name, v in zip(before_names, before_vals):

@@ -127,6 +127,8 @@ class _OpInfo:
     view: bool
     #: an op outside aten/prims (a collective, a custom op): its schema may not say what it writes
     foreign: bool = False
+    #: GradScaler's check of the gradients (``_amp_foreach_non_finite_check_and_unscale_``)
+    scaler_check: bool = False
 
 
 #: -1 unless autograd's engine is running a backward on this thread
@@ -245,4 +247,5 @@ def op_rules(si: Any) -> _OpInfo:
     return _OpInfo(kind=kind, prefix=si.prefix, base=base, op=si.op, first=1 if base in _OVERWRITING else 0,
                    out_only=frozenset(out_only), writes=writes, alias_src=alias,
                    scaled=_SCALED.get(base, -1) if ns == "aten" else -1,
-                   inherits=base in _INHERITS and ns == "aten", view=si.view, foreign=ns not in ("aten", "prims"))
+                   inherits=base in _INHERITS and ns == "aten", view=si.view, foreign=ns not in ("aten", "prims"),
+                   scaler_check=base == "_amp_foreach_non_finite_check_and_unscale_")

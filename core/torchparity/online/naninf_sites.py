@@ -10,7 +10,7 @@ import torch
 
 from ..capture.tool_state import _tool_state
 from ..naninf_rule import is_sink
-from .naninf_findings import NanInfFinding
+from .naninf_findings import SCALER_NOTE, NanInfFinding
 from .naninf_rules import _CHUNK, _FINITE, _FLOAT, _INF, _NAN, _SENTINEL, _STRIDED, _OpInfo, _flat_tensors
 
 
@@ -191,14 +191,21 @@ class SiteJudge:
             if not self._sunk or (self._lost and (entered is None or self._lineage_cut)):
                 harm = (1 << len(sites)) - 1
             found = sorted((x for i, x in enumerate(sites) if harm >> i & 1), key=lambda x: x[0])
-            absorbed = sorted((x for i, x in enumerate(sites) if not harm >> i & 1), key=lambda x: x[0])
+            absorbed = [self._finding("absorbed", *x) for i, x in enumerate(sites) if not harm >> i & 1]
+            if self._scaler_seen:
+                # a GradScaler checked the gradients (fp16 AMP): an overflow of the scaled backward
+                # makes it skip the optimizer step and lower the scale, by design; a NaN/Inf made in
+                # the forward (the loss) is still a finding (found by a new-user check, session 18)
+                absorbed += [self._finding("absorbed", *x, note=SCALER_NOTE) for x in found if x[1][6] == "backward"]
+                found = [x for x in found if x[1][6] != "backward"]
+                absorbed.sort(key=lambda f: f.seq)
             findings = [self._finding("created", *x) for x in found]
             # a non-finite value no tracked op made is a finding once it reaches a sink (NaN data:
             # the loss, a gradient) or when no sink ran; absorbed (an additive -inf attention mask
             # passed in as an input, softmaxed away) it is not (found by a new-user check, session 16)
             if not findings and entered is not None and self.report_entered and (self._lost or not self._sunk):
                 findings = [self._finding("entered", entered[0], entered[1], "NaN/Inf")]
-            return findings, [self._finding("absorbed", *x) for x in absorbed]
+            return findings, absorbed
 
     def _device_lineage(self) -> None:
         """Sites found by the device fold, and which of them reached a sink: one more host read
@@ -269,7 +276,7 @@ class SiteJudge:
                 self._sink(0)
                 self._lineage_cut = True
 
-    def _finding(self, kind: str, seq: int, row: tuple, value: str) -> NanInfFinding:
+    def _finding(self, kind: str, seq: int, row: tuple, value: str, note: str = "") -> NanInfFinding:
         prefix, base, call, op, module, module_class, phase = row
         return NanInfFinding(kind=kind, name=f"{prefix}.{base}.{call}.{phase}", op=op, module=module, module_class=module_class,
-                             phase=phase, step=self.current_step, seq=seq, value=value)
+                             phase=phase, step=self.current_step, seq=seq, value=value, note=note)
