@@ -121,6 +121,7 @@ def producer_columns(prod: np.ndarray) -> tuple[Any, np.ndarray]:
     return p_rid, p_idx
 
 
+@np.errstate(over="ignore")  # errors past float64's range (a side's Inf/huge values) are Inf: no warning
 def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, rank: int = 0,
             stacks: dict[int, list[str]] | None = None,
             carried_state: bool = False, sources: bool = True,
