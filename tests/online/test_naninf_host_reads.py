@@ -232,3 +232,30 @@ def test_cuda_screens_run_on_the_stream_their_values_were_made_on() -> None:
         torch.cuda.current_stream().wait_stream(side)
         (x + 1).sum()
     assert [f.op for f in t.findings + t.absorbed][:1] == ["aten.log.default"], (t.findings, t.absorbed)
+
+
+def test_stream_key_of_other_accelerators(monkeypatch) -> None:
+    """On an accelerator other than CUDA the queue follows the device module's current stream
+    (``stream_id``); a device module without streams gets no queue (one reduction per value)."""
+    import torchparity.online.naninf_screens as screens
+
+    class _Stream:
+        def __init__(self, sid: int) -> None:
+            self.stream_id, self.device_index = sid, 0
+
+    class _Module:
+        current = _Stream(7)
+
+        def current_stream(self, device: torch.device) -> _Stream:
+            return self.current
+
+        def stream(self, s: _Stream) -> contextlib.AbstractContextManager:
+            return contextlib.nullcontext()
+
+    # (xpu and xla stand for NPU/MUSA: device types this torch knows without a vendor stack)
+    monkeypatch.setattr(screens, "_modules", {"xpu": _Module(), "xla": None})
+    assert screens._stream_key(torch.device("xpu", 0)) == (0, 7)
+    screens._modules["xpu"].current = _Stream(9)
+    assert screens._stream_key(torch.device("xpu", 0)) == (0, 9)
+    assert screens._stream_key(torch.device("xla", 0)) is None
+    assert screens._stream_key(torch.device("cpu")) == 0

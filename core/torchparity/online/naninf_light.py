@@ -8,10 +8,11 @@ parameter's gradient and every parameter (after the optimizer step; and as the s
 stack and one host read per step. A NaN/Inf is reported only when it reached a sink: the root
 module's output or a parameter. A mask holding ``-inf`` inside the model, absorbed by a softmax,
 is no finding; nor are gradients that overflowed while the parameters stayed finite (a
-GradScaler skipped the step). A light finding names the first module
-whose output held the sink's kind of value (NaN, else Inf), or the first parameter whose gradient
-or value held it; the op is not known on a light step, so the next step is tracked op by op
-(if the NaN/Inf comes again, its creating op is named as on any tracked step).
+GradScaler skipped the step). A light finding names the first module whose output held the
+sink's kind of value (NaN, else Inf), or the first parameter whose gradient or value held it; the
+op is not known on a light step, so the next step is tracked op by op (if the NaN/Inf comes
+again, its creating op is named as on any tracked step). Parameters that already held a NaN/Inf
+as the step began are named as such, once.
 """
 
 from __future__ import annotations
@@ -77,7 +78,6 @@ class LightTier:
             self._paused = False
             self._stale = True
             op_stream().resume(self)
-
 
     def _light_reset(self) -> None:
         self._light_outs: list[tuple[str, str | None, int, torch.Tensor]] = []  # (path, class, call, screen)

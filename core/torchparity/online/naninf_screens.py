@@ -24,14 +24,52 @@ _QUEUE_BYTES = 256 << 20
 _raw_stream: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _stream_key(device: torch.device) -> int | None:
-    """What orders work on ``device`` now: 0 on the CPU, the current stream on CUDA; None where
-    it cannot be told cheaply (other accelerators): their screens are not queued."""
+#: device type -> its torch device module (``torch.npu``, ``torch.musa``, ...), or None: no streams
+_modules: dict[str, Any] = {}
+
+
+def _device_module(device_type: str) -> Any:
+    m = _modules.get(device_type, False)
+    if m is False:
+        get = getattr(torch, "get_device_module", None)  # torch >= 2.3
+        try:
+            m = get(device_type) if get is not None else getattr(torch, device_type, None)
+        except (RuntimeError, AttributeError):
+            m = None
+        if m is not None and not (hasattr(m, "current_stream") and hasattr(m, "stream")):
+            m = None
+        _modules[device_type] = m
+    return m
+
+
+def _stream_key(device: torch.device) -> Any:
+    """What orders work on ``device`` now: 0 on the CPU, the current stream on CUDA (its raw
+    pointer: no Stream object per screen), ``(device index, stream id)`` of the device module's
+    current stream on other accelerators (NPU, MUSA, ...); None where no stream can be told: the
+    screens of such a device are not queued."""
     if device.type == "cpu":
         return 0
     if device.type == "cuda" and _raw_stream is not None:
         return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
-    return None
+    m = _device_module(device.type)
+    if m is None:
+        return None
+    try:
+        s = m.current_stream(device)
+        sid = getattr(s, "stream_id", None)
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+    return (getattr(s, "device_index", None), sid) if isinstance(sid, int) else None
+
+
+def _current_stream(device: torch.device) -> Any:
+    """The current stream object of an accelerator (None on the CPU), to run a queue on later."""
+    if device.type == "cpu":
+        return None
+    if device.type == "cuda":
+        return torch.cuda.current_stream(device)
+    m = _device_module(device.type)
+    return m.current_stream(device) if m is not None else None
 
 
 class ScreenMemo:
@@ -200,8 +238,8 @@ class ScreenMemo:
         fold's stack of arena views is ~10x cheaper than a stack of separately allocated 0-d
         screens (bench/results/session16/). float64 values keep their own float64 screen (a
         finite float64 past float32's range must not read as Inf), as do values without a
-        storage (``ptr`` < 0) and values on accelerators whose current stream cannot be told
-        cheaply. A backend without the multi-tensor reduction gets plain screens."""
+        storage (``ptr`` < 0) and values on accelerators without a stream API
+        (:func:`_stream_key`). A backend without the multi-tensor reduction gets plain screens."""
         if t.dtype is torch.float64 or ptr < 0:
             return _screen(t)
         dev = t.device
@@ -226,7 +264,7 @@ class ScreenMemo:
         q = a[2]
         if not q:  # a new queue: its first slot, and the stream it runs on
             a[3], a[4] = k, stream
-            a[5] = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
+            a[5] = _current_stream(dev)
         q.append(t)
         self._queued_ptrs.add(ptr)
         self._queued_n += 1
@@ -252,7 +290,8 @@ class ScreenMemo:
                 a[2] = []
                 out = a[0][k0:k0 + len(q)]
                 other = stream is not None and _stream_key(key[0]) != a[4]  # queued on another stream
-                with torch.cuda.stream(stream) if other else _nullcontext(), torch.no_grad():
+                m = torch.cuda if key[0].type == "cuda" else _device_module(key[0].type)
+                with m.stream(stream) if other else _nullcontext(), torch.no_grad():
                     try:
                         _screen_many(q, out)
                     except (RuntimeError, NotImplementedError, TypeError):  # no batched reduction here
