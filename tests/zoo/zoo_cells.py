@@ -143,6 +143,30 @@ def lowp_clean(precision: str, level: str, steps: int = 1) -> Callable[[ZooSpec,
     return cell
 
 
+def fp16_scaler_overflow(level: str) -> Callable[[ZooSpec, Path], Cell]:
+    """An fp16-AMP run whose GradScaler starts at 2**24 (its backward overflows, the scaler skips
+    the step) against the fp32 run: no root cause, no error row; the backward is said not
+    compared (an incomplete comparison, not a divergence)."""
+    def cell(spec: ZooSpec, wd: Path) -> Cell:
+        import torchparity
+
+        tr = _trainer(spec, "fp16")
+        tr.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)
+        with torchparity.dump(str(wd / "dev"), model=tr.model, level=level):
+            tr.train(1)
+        skipped = tr.scaler.get_scale() < 2.0 ** 24
+        _dump(spec, "fp32", wd / "bench", level=level)
+        res = _compare(wd / "dev", wd / "bench")
+        if res.diverged:
+            return Cell(FALSE_ALARM, _describe(res))
+        said = any("GradScaler" in w and "not compared" in w for w in res.summary["warnings"])
+        if skipped and not said:
+            return Cell(FALSE_ALARM, "the scaler skipped the step and the compare did not say so")
+        return Cell(OK, f"no root cause; the scaler {'skipped (said)' if skipped else 'did not skip'}; "
+                        f"{res.summary['n_not_compared']} rows not compared")
+    return cell
+
+
 _FAULT_SITES = {  # where -> (op pattern, ZooSpec attribute of the module, phase)
     "fwd-mm": ("aten.*mm", "fwd_module", "forward"),
     "bwd-mm": ("aten.*mm", "bwd_module", "backward"),
@@ -455,6 +479,8 @@ for _lv in ("api", "module", "mix"):  # every planted fault at every level
             FEATURES.setdefault(f"fault-{_where}-x{_f:g}-{_lv}", planted_fault(_where, _f, level=_lv))
 FEATURES["fault-fwd-mm-x1.05-fp16"] = planted_fault("fwd-mm", 1.05, precision="fp16")
 FEATURES["fault-bwd-mm-x2-extra-op"] = planted_fault("bwd-mm", 2.0, extra_clone=True)
+FEATURES["fp16-scaler-overflow-vs-fp32-aten"] = fp16_scaler_overflow("aten")
+FEATURES["fp16-scaler-overflow-vs-fp32-module"] = fp16_scaler_overflow("module")
 FEATURES["naninf-clean"] = naninf_clean("fp32")
 FEATURES["naninf-clean-bf16"] = naninf_clean("bf16")
 FEATURES["naninf-dispatch"] = naninf_dispatch

@@ -144,8 +144,11 @@ def _incomplete(s: dict[str, Any]) -> str:
         parts.append(f"{s['n_not_compared']} paired tensor(s) could not be compared")
     if s.get("n_damaged"):
         parts.append(f"{s['n_damaged']} damaged part(s) of the dumps were skipped (--allow-partial)")
+    scaler = any(p.get("scaler_skipped") for p in s.get("pairs", []))
+    fix = ("compare a step the GradScaler did not skip" if scaler and not s.get("n_damaged")
+           else "re-dump the damaged side")
     return ("no divergence among what was compared, but " + " and ".join(parts)
-            + "; the runs are not known to agree - see the warnings above and re-dump the damaged side")
+            + f"; the runs are not known to agree - see the warnings above and {fix}")
 
 
 def _print_summary(res: object) -> None:

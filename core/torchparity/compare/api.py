@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import DumpError, TorchparityError, UsageError
 from ..results import CompareResult, Suspect
 from ..workers import automatic_workers_allowed, map_jobs
-from . import compiled, integrity, loss_scale, matching, rootcause, scaler_tail
+from . import compiled, integrity, loss_scale, matching, rootcause, scaler_skips, scaler_tail
 from .suspects import rank_suspects
 from .judge import judge
 from .rows import MIN_PAIRED_FRACTION  # noqa: F401  (re-exported: the documented constant)
@@ -168,6 +168,7 @@ def compare(
         rows, problems = judge(rows, checkers, mode)
     warnings += problems
     integrity.apply_not_compared(rows)
+    scaler_skips.apply(rows)
     compiled.skip_one_sided(rows, {k for k, info in zip(common, per_pair) if info.get("compiled")})
     # a suspect whose output a checker passes (a tolerance the user configured) is no suspect;
     # every other suspect's output is an error: verdicts and root cause never disagree
@@ -386,12 +387,19 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     stacks = dr.stacks(step, rank, warnings)
     _add_tensor_metrics(rows, both, warnings, allow_partial)
     loss_scale.normalise(rows, both, warnings)  # GradScaler: scaled gradients compared divided by S
+    # a GradScaler's scaled backward overflowed, by design: that backward is not judged
+    skipping, inferred = scaler_skips.skipping_sides(both)
+    if skipping or inferred:
+        warnings.append(scaler_skips.skip_line(step, rank, skipping, inferred))
+        info["scaler_skipped"] = skipping or ["device"]
     rows["judge_dtype"] = rootcause.judge_dtypes(rows, tolerance_dtype, both.get("d_compute_dtype"),
                                                  both.get("b_compute_dtype"))  # modules that computed below fp32
     rows["floor"] = rootcause.floors(rows)
     # an earlier step trained on both sides: parameters and optimizer state carry its updates
     carried = any(s < step for s in dr.steps) and any(s < step for s in br.steps)
     unjudged = reads_inputs if info.get("compiled") and carried else None
+    if skipping or inferred:
+        unjudged = (unjudged or set()) | scaler_skips.mark(rows)
     arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks,
                                          unjudged=unjudged,
                                          carried_state=carried, sources=not info.get("compiled"))

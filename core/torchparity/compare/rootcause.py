@@ -121,7 +121,7 @@ def producer_columns(prod: np.ndarray) -> tuple[Any, np.ndarray]:
     return p_rid, p_idx
 
 
-@np.errstate(over="ignore")  # errors past float64's range (a side's Inf/huge values) are Inf: no warning
+@np.errstate(over="ignore", invalid="ignore")  # Inf/huge values on one side: Inf or NaN errors, no warning
 def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, rank: int = 0,
             stacks: dict[int, list[str]] | None = None,
             carried_state: bool = False, sources: bool = True,
@@ -383,6 +383,8 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
 
     # sources: a tensor without producer that differs while nothing before it differed as much
     src = ins[(ins["p_rid"] < 0) & ins["err"].notna()]
+    if unjudged:
+        src = src[~src["rid"].isin(unjudged)]
     if len(src) and not carried_state and sources:
         pos = pd.Series(np.arange(len(rec_ids)), index=rec_ids)
         o_sorted_idx = np.argsort(order, kind="stable")
