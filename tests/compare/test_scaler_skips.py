@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import torchparity
+from torchparity.compat.amp import cpu_float16_amp
 
 emulated = pytest.importorskip("torchparity_backend_emulated")
 
@@ -26,19 +27,7 @@ def _fault(op: str, phase: str) -> Any:
                                                                 factor=2.0)])
 
 
-def _cpu_fp16_amp() -> bool:
-    if not hasattr(torch.amp, "GradScaler"):  # torch < 2.3: GradScaler was CUDA-only
-        return False
-    try:
-        with torch.autocast("cpu", dtype=torch.float16):
-            nn.Linear(2, 2)(torch.ones(1, 2))
-        torch.amp.GradScaler("cpu")
-    except (RuntimeError, TypeError, ValueError):
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _cpu_fp16_amp(), reason="needs float16 autocast and GradScaler on the CPU")
+pytestmark = pytest.mark.skipif(not cpu_float16_amp(), reason="needs float16 autocast and GradScaler on the CPU")
 
 
 class _Net(nn.Module):

@@ -85,17 +85,24 @@ def _nan_step(model: nn.Module, x: torch.Tensor) -> None:
     model.fc2(h).sum().backward()
 
 
+def _device_nan_step(**tracker_kw: object) -> NanInfTracker:
+    """``_nan_step`` under a NanInfTracker on its device path (on the CPU)."""
+    torch.manual_seed(0)
+    model = _Net()
+    t = NanInfTracker(model, **tracker_kw)  # type: ignore[arg-type]
+    t._host_read = False
+    with t:
+        _nan_step(model, torch.randn(8, 16))
+    return t
+
+
 def test_device_screens_are_batched() -> None:
     """Device screens are queued and reduced together: one multi-tensor reduction
     (``_foreach_norm``) per queue, written into a float32 arena (the fold stacks views of one
     storage, ~10x cheaper on a GPU host than 0-d tensors allocated one by one), no reduction
     launched per value; the culprit is still named."""
-    torch.manual_seed(0)
-    model = _Net()
-    t = NanInfTracker(model)
-    t._host_read = False
-    with _ToolOps() as below, t:
-        _nan_step(model, torch.randn(8, 16))
+    with _ToolOps() as below:
+        t = _device_nan_step()
     screens = below.ops.get("aten.select.int", 0)  # one arena slot per screen
     assert screens > 10
     assert below.ops.get("aten._foreach_norm.Scalar", 0) == 1  # fewer than 64 values: one queue
@@ -151,12 +158,7 @@ def test_queue_size_does_not_change_findings(monkeypatch) -> None:
     seen = []
     for size in (1, 7, 10**6):
         monkeypatch.setattr(screens, "_QUEUE_VALUES", size)
-        torch.manual_seed(0)
-        model = _Net()
-        t = NanInfTracker(model)
-        t._host_read = False
-        with t:
-            _nan_step(model, torch.randn(8, 16))
+        t = _device_nan_step()
         seen.append(([(f.kind, f.name) for f in t.findings], [a.name for a in t.absorbed]))
     assert seen[0] == seen[1] == seen[2] and seen[0][0], seen
 
@@ -174,12 +176,7 @@ def test_device_screens_without_the_batched_reduction_fall_back(monkeypatch) -> 
 
     monkeypatch.setattr(screens, "_screen_many", no_foreach)
     monkeypatch.setattr(screens, "_QUEUE_VALUES", 4)
-    torch.manual_seed(0)
-    model = _Net()
-    t = NanInfTracker(model)
-    t._host_read = False
-    with t:
-        _nan_step(model, torch.randn(8, 16))
+    t = _device_nan_step()
     assert len(tried) == 1  # tried once, then plain screens for that device
     assert t.findings and t.findings[0].op == "aten.log.default", t.findings
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..capture.op_stream import STREAM_KEY
+from ..capture.op_stream import STREAM_KEY, written_tensors
 from ..capture.tool_state import _tool_state
 from .naninf_rules import (_EXTERNAL, _FINITE, _INF, _NAN, _PENDING, _PRESERVING, _OpInfo, _host_fact,
                            _screen, _screen_many)
@@ -311,19 +311,15 @@ class ScreenMemo:
             self._flush_screens()
             return
         queued = self._queued_ptrs
-        for i, name, is_list in info.writes:
-            v = args[i] if i < len(args) else kwargs.get(name)
-            if v is None:
-                continue
-            for t in (v if is_list else (v,)):
-                if isinstance(t, torch.Tensor):
-                    try:
-                        hit = t.untyped_storage().data_ptr() in queued
-                    except (RuntimeError, NotImplementedError, TypeError):
-                        hit = True  # cannot tell: screen first
-                    if hit:
-                        self._flush_screens()
-                        return
+        for t in written_tensors(args, kwargs, info.writes):
+            if isinstance(t, torch.Tensor):
+                try:
+                    hit = t.untyped_storage().data_ptr() in queued
+                except (RuntimeError, NotImplementedError, TypeError):
+                    hit = True  # cannot tell: screen first
+                if hit:
+                    self._flush_screens()
+                    return
 
     def _note_writes(self, args: tuple, kwargs: dict, writes: tuple) -> list[tuple[torch.Tensor, int, int]]:
         """Bump the write generation of every tensor the op wrote; returns (tensor, bump, ptr)."""
