@@ -224,3 +224,26 @@ def test_a_light_step_names_the_parameter_that_entered_non_finite() -> None:
     assert (f.kind, f.step, f.module, f.value) == ("light", 0, "fc2", "Inf")
     assert f.name == "parameter fc2.weight at the step's start"
     assert "already held Inf" in str(f) and "earlier step" in str(f)
+
+
+def test_a_stopped_tracker_leaves_no_hook_on_the_stream() -> None:
+    """Started and stopped again and again beside another consumer that keeps the op stream's
+    module tracking alive: the tracker's module entry and exit hooks (and the schedule's drain,
+    when a step ended inside backward) do not pile up on it."""
+    from torchparity.capture.op_stream import OpConsumer
+
+    class _Keeper(OpConsumer):
+        needs_modules = True
+
+    torch.manual_seed(0)
+    model = _Net()
+    x = torch.randn(6, 8)
+    keeper = _Keeper()
+    with op_stream().attached(keeper, model):
+        tracker = op_stream().tracker
+        before = (len(tracker.on_enter), len(tracker.on_exit))
+        for _ in range(3):
+            with NanInfTracker(model, every=2, light="module"):
+                _train(model, 2, x)
+        assert op_stream().tracker is tracker
+        assert (len(tracker.on_enter), len(tracker.on_exit)) == before

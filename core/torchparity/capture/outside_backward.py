@@ -50,6 +50,14 @@ class OutsideBackward:
             if fn in self._queue:
                 self._queue.remove(fn)
 
+    def close(self) -> None:
+        """Forget every waiting call and leave the tracker's module entries (its owner is leaving;
+        a tracker that outlives it keeps no hook of it)."""
+        with self._lock:
+            self._queue = []
+        if self._drain in self.tracker.on_enter:
+            self.tracker.on_enter.remove(self._drain)
+
     def _drain(self, frame: Any, args: tuple, kwargs: dict) -> None:
         """Run the queued changes (every one of them: a change that raises does not drop the
         ones after it; the first error is raised once all have run)."""

@@ -76,6 +76,8 @@ import torch
 
 from ..capture.module_tracker import Frame, ModuleTracker
 from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, OpInfo, is_stream_mode, op_stream
+from ..capture.outside_backward import OutsideBackward
+from ..capture.schedule import check_schedule, tier_of
 from ..capture.tensor_memo import TensorMemo
 from ..errors import UsageError
 
@@ -89,8 +91,6 @@ from .naninf_rules import (  # noqa: F401 (re-exported: tests and callers use na
     _PRESERVING, _INF_ORD, _screen, _host_fact, _OpInfo, _graph_task_id, _scales_down, _FMAX, _accumulates,
     _inherits_into, _scalars_in_range, _flat_tensors, _tensors,
 )
-from ..capture.outside_backward import OutsideBackward
-from ..capture.schedule import check_schedule, tier_of
 from .naninf_findings import BEFORE_STEP, MARKER, NanInfFinding, NonFiniteError
 from .naninf_fold import DeviceFold, _Pending
 from .naninf_light import LightTier
@@ -283,7 +283,7 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpCo
         if t is not None and self._module_enter in t.on_enter:
             t.on_enter.remove(self._module_enter)
         if self._outside is not None:
-            self._outside.cancel(self._follow_tier)
+            self._outside.close()
             self._outside = None
         self._paused = False
         self._call = None
