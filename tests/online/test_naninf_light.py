@@ -247,3 +247,13 @@ def test_a_stopped_tracker_leaves_no_hook_on_the_stream() -> None:
                 _train(model, 2, x)
         assert op_stream().tracker is tracker
         assert (len(tracker.on_enter), len(tracker.on_exit)) == before
+
+
+def test_light_steps_without_a_model_take_the_root_module_seen() -> None:
+    """No ``model=``: the root module seen running is whose parameters the light steps screen."""
+    torch.manual_seed(0)
+    model = _Net()
+    model.bad_steps = {1}
+    with NanInfTracker(steps=[0], light="module") as t:
+        _train(model, 2, torch.randn(6, 8))
+    assert [(f.kind, f.step, f.module) for f in t.findings] == [("light", 1, "fc2")], t.findings
