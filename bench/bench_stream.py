@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         together.append(("dump aten + NaN/Inf + online", ["dump aten", "NaN/Inf screen", "online compare"]))
     lines += ["", "| together | overhead together | sum of the separate overheads |", "|---|---|---|"]
     for name, parts in together:
-        if all(not res[p].error for p in parts + [name]):
+        if all(p in res and not res[p].error for p in parts + [name]):  # (--levels without aten: no row)
             lines.append(f"| {name} | {over(name):+.2f} | {sum(over(p) for p in parts):+.2f} |")
     lines.append("")
     out = Path(a.out)
