@@ -75,7 +75,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..capture.module_tracker import Frame, ModuleTracker
-from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, OpInfo, is_stream_mode, op_stream
+from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, OpInfo, op_stream
 from ..capture.outside_backward import OutsideBackward
 from ..capture.schedule import check_schedule, tier_of
 from ..capture.tensor_memo import TensorMemo
@@ -94,7 +94,7 @@ from .naninf_rules import (  # noqa: F401 (re-exported: tests and callers use na
 from .naninf_findings import BEFORE_STEP, MARKER, NanInfFinding, NonFiniteError
 from .naninf_fold import DeviceFold, _Pending
 from .naninf_light import LightTier
-from .naninf_rules import op_rules
+from .naninf_rules import op_rules, other_modes
 from .naninf_ops import OpChecks
 from .naninf_screens import ScreenMemo
 from .naninf_sites import SiteJudge
@@ -299,7 +299,7 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpCo
     def _refresh_inherit(self, stream: Any) -> None:
         """CPU inheritance only while nothing below the tracker may change what ops compute."""
         self._seen = stream.consumers
-        self._inherit = self._host_read and not _other_modes()
+        self._inherit = self._host_read and not other_modes()
 
     # ---- steps -------------------------------------------------------------------------------
     def _reset_step(self) -> None:
@@ -458,6 +458,15 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpCo
                     if len(e) == 6:  # deferred: resolved with its source
                         self._pend[id(out)] = (out, e[5])
             return out
+        if info.collective:
+            # an asynchronous collective (DDP's bucket all-reduce, async_op=True) fills its outputs
+            # when it is waited for, after it returned: they are not screened here (they would read
+            # the values before the reduction) but by their first reader, as values from outside
+            # (a NaN another rank made is "entered", never blamed on this rank's next op)
+            out = run(*args, **kwargs)
+            if info.writes:
+                self._note_writes(args, kwargs, info.writes)
+            return out
         self._call = call
         phase = call.phase
         if phase != "forward":
@@ -484,16 +493,3 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpCo
                 return self._aliasing(run, args, kwargs, src, info, n)
         return self._checked(run, args, kwargs, info, n, phase, extends)
 
-
-def _other_modes() -> bool:
-    """May something below the tracker change what ops compute? A consumer of the op stream
-    inside the observers (``layer > LAYER_OBSERVER``: the emulated device), or another
-    TorchDispatchMode on the stack (any mode but the stream's own)."""
-    if any(c.layer > LAYER_OBSERVER for c in op_stream().consumers):
-        return True
-    try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-        return any(not is_stream_mode(m) for m in _get_current_dispatch_mode_stack())
-    except (ImportError, AttributeError, RuntimeError):  # pragma: no cover - be safe: no inheritance
-        return True

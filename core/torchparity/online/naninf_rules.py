@@ -129,6 +129,8 @@ class _OpInfo:
     foreign: bool = False
     #: GradScaler's check of the gradients (``_amp_foreach_non_finite_check_and_unscale_``)
     scaler_check: bool = False
+    #: a collective (c10d, functional collectives): asynchronous, its outputs land when waited for
+    collective: bool = False
 
 
 #: -1 unless autograd's engine is running a backward on this thread
@@ -248,4 +250,21 @@ def op_rules(si: Any) -> _OpInfo:
                    out_only=frozenset(out_only), writes=writes, alias_src=alias,
                    scaled=_SCALED.get(base, -1) if ns == "aten" else -1,
                    inherits=base in _INHERITS and ns == "aten", view=si.view, foreign=ns not in ("aten", "prims"),
-                   scaler_check=base == "_amp_foreach_non_finite_check_and_unscale_")
+                   scaler_check=base == "_amp_foreach_non_finite_check_and_unscale_",
+                   collective=si.prefix == "Distributed")
+
+
+def other_modes() -> bool:
+    """May something below the tracker change what ops compute? A consumer of the op stream
+    inside the observers (``layer > LAYER_OBSERVER``: the emulated device), or another
+    TorchDispatchMode on the stack (any mode but the stream's own)."""
+    from ..capture.op_stream import LAYER_OBSERVER, is_stream_mode, op_stream
+
+    if any(c.layer > LAYER_OBSERVER for c in op_stream().consumers):
+        return True
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        return any(not is_stream_mode(m) for m in _get_current_dispatch_mode_stack())
+    except (ImportError, AttributeError, RuntimeError):  # pragma: no cover - be safe: no inheritance
+        return True

@@ -1,0 +1,41 @@
+"""One rank of the 2-rank gloo DDP job of test_naninf_dist.py (run as a script, one process per
+rank): rank 1 makes a NaN in fc1's output at step 1 (a forward hook); DDP's asynchronous bucket
+all-reduce carries it into rank 0's gradients. The tracker runs on its host path, its device path
+(forced on the CPU) or with light steps, per MODE; each rank writes OUT/MODE_rank{R}.json."""
+
+import json
+import logging
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import torchparity
+
+logging.disable(logging.WARNING)
+rank, world, out, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=world)
+for mode in ("host", "device", "light"):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential()
+    model.add_module("fc1", torch.nn.Linear(8, 16))
+    model.add_module("act", torch.nn.Tanh())
+    model.add_module("fc2", torch.nn.Linear(16, 4))
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    state = {"step": 0}
+    if rank == 1:
+        model.fc1.register_forward_hook(lambda m, i, o: o * float("nan") if state["step"] == 1 else None)
+    tracker = torchparity.NanInfTracker(model, **(dict(steps=[0], light="module") if mode == "light" else {}))
+    tracker._host_read = mode != "device"
+    gen = torch.Generator().manual_seed(100 + rank)
+    with tracker:
+        for s in range(3):
+            state["step"] = s
+            ddp(torch.randn(4, 8, generator=gen)).pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    with open(f"{out}/{mode}_rank{rank}.json", "w") as f:
+        json.dump([f.to_dict() for f in tracker.findings], f)
+dist.destroy_process_group()
