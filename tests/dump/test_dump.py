@@ -434,3 +434,37 @@ def test_flush_after_stop_returns(tmp_path: Path) -> None:
     d.flush()  # used to wait forever on the stopped writer thread
     d.writer.flush()
     assert read_records(tmp_path / "d")
+
+
+def test_a_rank_starting_leaves_the_other_ranks_fresh_step_directories(tmp_path: Path) -> None:
+    """Ranks of one job start at once into one dump: a rank cleaning its earlier run out never
+    removes a step directory it held nothing in (another rank may have just made it, about to make
+    its own rank directory inside: a CI run lost rank 1's step 0 that way)."""
+    from torchparity.dump.writer import replace_previous_run
+
+    (tmp_path / "torchparity.json").write_text("{}")
+    (tmp_path / "step0").mkdir()  # rank 1 of this run, between making step0 and step0/rank1
+    (tmp_path / "step1" / "rank0").mkdir(parents=True)  # rank 0's earlier run
+    assert replace_previous_run(tmp_path, 0) == 1
+    assert (tmp_path / "step0").is_dir()
+    assert not (tmp_path / "step1").exists()
+
+
+def test_the_writer_makes_its_step_directory_again_when_it_vanished(tmp_path: Path, monkeypatch) -> None:
+    """The step directory removed between its mkdir and the rank directory's (another rank's
+    cleanup): made again, the records are written."""
+    import torchparity.dump.writer as writer_mod
+
+    real = Path.mkdir
+    calls = {"n": 0}
+
+    def flaky(self: Path, *a: object, **k: object) -> None:
+        if self.name == "rank0" and calls["n"] == 0:
+            calls["n"] += 1
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "mkdir", flaky)
+    d = tmp_path / "dump"
+    writer_mod._make_dir(d / "step0" / "rank0")
+    assert (d / "step0" / "rank0").is_dir() and calls["n"] == 1

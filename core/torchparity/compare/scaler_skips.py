@@ -113,7 +113,7 @@ def apply(rows: Any) -> int:
     if COLUMN not in rows.columns:
         return 0
     kind = rows[COLUMN].fillna(0).to_numpy(dtype=int)
-    rows.drop(columns=[COLUMN], inplace=True)
+    del rows[COLUMN]
     sel = kind > 0
     if not sel.any():
         return 0

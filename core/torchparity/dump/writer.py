@@ -116,6 +116,19 @@ def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
 _OPENED_IN_THIS_PROCESS: set[tuple[str, int]] = set()
 
 
+def _make_dir(d: Path, tries: int = 5) -> None:
+    """``d`` and its parents. Another rank cleaning its earlier run out of the same dump may
+    remove the step directory between this rank's making it and making ``d`` inside it
+    (:func:`replace_previous_run`): then it is made again."""
+    for attempt in range(tries):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            return
+        except FileNotFoundError:
+            if attempt == tries - 1:
+                raise
+
+
 def replace_previous_run(root: Path, rank: int) -> int:
     """Remove this rank's data left in ``root`` by an earlier run (records are appended, so a
     re-run into the same directory would otherwise mix two runs). Only directories named
@@ -133,9 +146,13 @@ def replace_previous_run(root: Path, rank: int) -> int:
         if not (step_dir.is_dir() and re.fullmatch(r"step\d+", step_dir.name)):
             continue
         rank_dir = step_dir / f"rank{rank}"
-        if rank_dir.is_dir():
-            shutil.rmtree(rank_dir, ignore_errors=True)
-            removed += 1
+        if not rank_dir.is_dir():
+            # (never rmdir a step directory this rank held nothing in: another rank of this run may
+            # have just made it, about to make its own rank directory inside: a CI run lost rank
+            # 1's step 0 that way, both ranks starting at once)
+            continue
+        shutil.rmtree(rank_dir, ignore_errors=True)
+        removed += 1
         try:
             step_dir.rmdir()  # only when no other rank is left in it
         except OSError:
@@ -254,7 +271,7 @@ class DumpWriter:
         rf = self._files.get(key)
         if rf is None:
             d = self.root / f"step{step}" / f"rank{rank}"
-            d.mkdir(parents=True, exist_ok=True)
+            _make_dir(d)
             # the step this rank wrote before this one: a reader tells a step directory that was
             # lost (deleted, never copied) from one that was never dumped
             opened = self._opened.setdefault(rank, set())
