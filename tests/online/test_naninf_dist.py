@@ -7,30 +7,22 @@ its optimizer's ``add_`` ("produced NaN from finite inputs")."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from torchparity.compare._testing import gloo_job
+
 JOB = Path(__file__).with_name("naninf_dist_job.py")
 WORLD = 2
-GLOO_TRANSPORT_FLAKE = "gloo/transport/tcp/pair.cc"
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
         pytest.skip("torch.distributed with gloo is not available in this build")
-    for attempt in range(2):
-        work = tmp_path_factory.mktemp(f"naninf_dist{attempt}")
-        procs = [subprocess.Popen([sys.executable, str(JOB), str(r), str(WORLD), str(work), str(work / "init")],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(WORLD)]
-        errs = [p.communicate(timeout=180)[1] for p in procs]
-        codes = [p.returncode for p in procs]
-        if codes == [0] * WORLD or not any(GLOO_TRANSPORT_FLAKE in e for e in errs):
-            break
+    codes, errs, work = gloo_job(JOB, WORLD, tmp_path_factory.mktemp)
     assert codes == [0] * WORLD, "\n".join(f"--- rank {i} (exit {c}) ---\n{e}" for i, (c, e) in enumerate(zip(codes, errs)))
     return work
 

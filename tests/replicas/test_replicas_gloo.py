@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from torchparity.cli import main
+from torchparity.compare._testing import gloo_job
 from torchparity.replicas import check_replicas
 
 JOB = Path(__file__).with_name("gloo_job.py")
 WORLD = 4
-GLOO_TRANSPORT_FLAKE = "gloo/transport/tcp/pair.cc"
 
 
 def _gloo_ok() -> bool:
@@ -29,16 +27,9 @@ def _gloo_ok() -> bool:
 def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not _gloo_ok():
         pytest.skip("torch.distributed with gloo is not available in this build")
-    for attempt in range(2):
-        work = tmp_path_factory.mktemp(f"replicas{attempt}")
-        procs = [subprocess.Popen([sys.executable, str(JOB), str(r), str(WORLD), str(work / "d"), str(work / "init")],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(WORLD)]
-        errs = [p.communicate(timeout=180)[1] for p in procs]
-        codes = [p.returncode for p in procs]
-        if codes == [0] * WORLD or not any(GLOO_TRANSPORT_FLAKE in e for e in errs):
-            break
+    codes, errs, work = gloo_job(JOB, WORLD, tmp_path_factory.mktemp)
     assert codes == [0] * WORLD, "\n".join(f"--- rank {i} (exit {c}) ---\n{e}" for i, (c, e) in enumerate(zip(codes, errs)))
-    return work / "d"
+    return work
 
 
 def _online(job: Path, phase: str, rank: int = 0) -> dict:
