@@ -33,10 +33,12 @@ class NanInfFinding:
     :attr:`NanInfTracker.absorbed`, not a finding): a creation site whose NaN/Inf never reached
     the loss, a gradient, a parameter, optimizer state or the model's output, or one made in the
     backward of a step whose gradients a GradScaler checked (``note`` says so: fp16 AMP skips the
-    optimizer step of an overflowing scaled backward and lowers the scale, by design). ``"light"``: on a
-    light step (``light="module"``, no op tracked) a NaN/Inf reached a sink; ``name`` says where
-    it was first seen (a module output as the module-level dump names it,
-    ``Module.layers.1.mlp.MLP.forward.0``; ``gradient of fc.weight``; ``parameter fc.weight``), ``op`` is empty, ``seq`` is -1, and the next step is tracked op by op.
+    optimizer step of an overflowing scaled backward and lowers the scale, by design).
+
+    ``"light"``: on a light step (``light="module"``, no op tracked) a NaN/Inf reached a sink;
+    ``name`` says where it was first seen (a module output as the module-level dump names it,
+    ``Module.layers.1.mlp.MLP.forward.0``; ``gradient of fc.weight``; ``parameter fc.weight``),
+    ``op`` is empty, ``seq`` is -1, and the next step is tracked op by op.
     """
 
     kind: str
