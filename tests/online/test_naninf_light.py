@@ -257,3 +257,25 @@ def test_light_steps_without_a_model_take_the_root_module_seen() -> None:
     with NanInfTracker(steps=[0], light="module") as t:
         _train(model, 2, torch.randn(6, 8))
     assert [(f.kind, f.step, f.module) for f in t.findings] == [("light", 1, "fc2")], t.findings
+
+
+def test_check_on_a_light_step_reads_its_screens_so_far() -> None:
+    """``tracker.check()`` mid-step on a light step: the NaN the forward made (the loss holds it)
+    is returned at once; the step's end reports it once."""
+    torch.manual_seed(0)
+    model = _Net()
+    model.bad_steps = {1}
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(6, 8)
+    seen = []
+    with NanInfTracker(model, steps=[0], light="module") as t:
+        for i in range(2):
+            model.step = i
+            out = model(x)
+            seen.append(t.check())
+            out.pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert seen[0] is None
+    assert seen[1] is not None and (seen[1].kind, seen[1].step, seen[1].module) == ("light", 1, "fc2"), seen
+    assert [(f.kind, f.step) for f in t.findings] == [("light", 1)], t.findings

@@ -253,7 +253,12 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpCo
         self._raise_if(pending)
 
     def check(self) -> NanInfFinding | None:
-        """Fold what the current step computed so far and return its finding (one host sync)."""
+        """Fold what the current step computed so far and return its finding (one host sync); on
+        a light step, what its screens hold so far (module outputs, parameters as they are now)."""
+        if self._tier == "light" and self._attached:
+            with self._lock:
+                found = self._light_collect(keep=True)
+            return found[0] if found else None
         return self._read()
 
     def __enter__(self) -> "NanInfTracker":

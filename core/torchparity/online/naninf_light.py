@@ -113,10 +113,12 @@ class LightTier:
             root = ref() if ref is not None else None
         return list(root.named_parameters()) if root is not None else []
 
-    def _light_collect(self) -> list[NanInfFinding]:
-        """The light step's findings: one stack and one host read of every screen."""
+    def _light_collect(self, keep: bool = False) -> list[NanInfFinding]:
+        """The light step's findings: one stack and one host read of every screen (``keep``: the
+        module outputs' screens stay for the step's end, as for :meth:`check` mid-step)."""
         outs = self._light_outs
-        self._light_outs = []
+        if not keep:
+            self._light_outs = []
         if self._light_before is None and not outs:  # the step never began (stop() right after a step)
             return []
         before_names, before = self._light_before or ([], [])
