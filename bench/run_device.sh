@@ -38,7 +38,7 @@
 #   PART=s18: prepared in session 18 (no GPU then; about 6 min): the CUDA tests (the NaN/Inf screens' queue on
 #             side streams among them, and the light tier's tests), gpu_checks, the 1B Llama at batch 8 with the
 #             NaN/Inf screen queued and its light steps (row "NaN/Inf light steps"), a cProfile of its NaN/Inf
-#             screen, bench_compile per step
+#             screen, bench_compile per step, the bench model's op stream (its light steps too)
 #   PART=issue15: the op stream's figures on cuda (issue 15): the op-stream and capture tests, the
 #             bench model and a ~1B bf16 HF Llama (seq 1024) with every consumer alone and
 #             together, host syncs per step counted by torch.cuda.set_sync_debug_mode
@@ -231,6 +231,8 @@ elif [ "$part" = s18 ]; then
   s16_llama1b 150
   s16_cprof_naninf 45 40
   s16_compile 45 0
+  stamp stream-bench; timeout 40 python bench/bench_stream.py --device cuda --model bench --rounds 3 --levels module,aten \
+    --out "$out/stream_bench.md" 2>&1 | grep -E '^\|'
   stamp done
 elif [ "$part" = s16c ]; then
   export PYTHONUNBUFFERED=1
