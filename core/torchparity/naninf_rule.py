@@ -19,6 +19,11 @@ from typing import Any
 #: phases whose every op is a sink: gradients, parameters and optimizer state
 SINK_PHASES = frozenset({"backward", "optimizer"})
 
+#: a GradScaler's check of the gradients (its inputs: the scaled gradients; ``found_inf``; ``1/S``)
+AMP_UNSCALE_OP = "_amp_foreach_non_finite_check_and_unscale_"
+#: a GradScaler's scale update (argument 2: ``found_inf``)
+AMP_UPDATE_OP = "_amp_update_scale_"
+
 HARMFUL, ABSORBED, ENTERED = "harmful", "absorbed", "entered"
 
 ABSORBED_REASON = ("absorbed: its NaN/Inf never reached the loss, a gradient, a parameter, optimizer state or "
@@ -49,3 +54,17 @@ def creates_nonfinite_scalar(value: Any) -> bool:
 def site_order(status: str, record_order: int) -> tuple[int, int]:
     """Sort key of creation sites: harmful first, then entered, then absorbed; op order within."""
     return ({HARMFUL: 0, ENTERED: 1}.get(status, 2), record_order)
+
+
+def gradscaler_found_inf(base: Any, io: Any, arg: Any, maximum: Any, nonfinite: Any) -> Any:
+    """Per record row (numpy arrays: op base name, ``io``, argument, the tensor's max, whether it
+    holds NaN/Inf): does it show that a GradScaler found Inf/NaN gradients, and so skips the
+    optimizer step (its scaled backward overflowed, by design)? The unscale op read a non-finite
+    gradient, or the update op got ``found_inf > 0``. One rule for ``torchparity overflow``, the
+    compare and the tracker's readers of dumps."""
+    import numpy as np
+
+    inp = io == "input"
+    with np.errstate(invalid="ignore"):
+        update = (base == AMP_UPDATE_OP) & inp & np.isin(arg, ["2", "found_inf"]) & (maximum > 0)
+    return ((base == AMP_UNSCALE_OP) & inp & nonfinite) | update

@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from torchparity import hookimpl
 from torchparity.errors import UsageError
-from torchparity.naninf_rule import ABSORBED, ABSORBED_REASON, ENTERED, HARMFUL
+from torchparity.naninf_rule import (ABSORBED, ABSORBED_REASON, AMP_UNSCALE_OP, AMP_UPDATE_OP, ENTERED, HARMFUL,
+                                     gradscaler_found_inf)
 from torchparity.plugin_types import CheckContext, Checker
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,8 +76,6 @@ EMPTY_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new
 #: in-place ops whose input ``self`` (arg 0) is overwritten entirely, so its old value is irrelevant
 OVERWRITE_OPS = frozenset({"fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "bernoulli_",
                            "exponential_", "geometric_", "log_normal_", "cauchy_", "set_", "resize_"})
-AMP_UNSCALE = "_amp_foreach_non_finite_check_and_unscale_"
-AMP_UPDATE = "_amp_update_scale_"
 BY_DESIGN_REASON = ("non-finite (or dtype-max) values written on purpose by a -inf/NaN/finfo.min argument "
                     "(e.g. an attention mask), or carried on from such an op: not an overflow")
 SKIPPED_REASON = "step skipped by GradScaler (found_inf: loss-scale overflow, expected with dynamic loss scaling; not a model bug)"
@@ -247,7 +246,7 @@ class OverflowChecker(Checker):
             skipped = self.gradscaler_skipped_steps(f, flags)
             if skipped:
                 in_skipped = pd.Series(list(zip(rec["step"], rec["rank"])), index=rec.index).isin(skipped)
-                grad_side = rec["phase"].isin(["backward", "optimizer"]) | base_of(rec["op"]).isin([AMP_UNSCALE, AMP_UPDATE])
+                grad_side = rec["phase"].isin(["backward", "optimizer"]) | base_of(rec["op"]).isin([AMP_UNSCALE_OP, AMP_UPDATE_OP])
                 hit = in_skipped & grad_side & rec["level"].notna()
                 rec.loc[hit, "reason"] = SKIPPED_REASON + " [" + rec.loc[hit, "level"].astype(str) + ": " + rec.loc[hit, "reason"] + "]"
                 rec.loc[hit, "level"] = None
@@ -354,15 +353,14 @@ class OverflowChecker(Checker):
         """``{(step, rank)}`` where GradScaler found Inf/NaN gradients (and so skipped the step)."""
         if flags is None:
             flags = self.tensor_flags(frame)
-        base = op_base(frame["op"])
-        unscale_bad = base.eq(AMP_UNSCALE) & frame["io"].eq("input") & flags["nonfinite"]
         import pandas as pd
 
         mx = pd.to_numeric(frame["max"], errors="coerce") if "max" in frame.columns else pd.Series(0.0, index=frame.index)
-        # _amp_update_scale_(self, growth_tracker, found_inf, ...): found_inf is argument 2
         arg = frame["arg"].astype(str) if "arg" in frame.columns else pd.Series("", index=frame.index)
-        update_found = base.eq(AMP_UPDATE) & frame["io"].eq("input") & arg.isin(["2", "found_inf"]) & (mx > 0)
-        hit = frame.loc[unscale_bad | update_found, ["step", "rank"]]
+        found = gradscaler_found_inf(op_base(frame["op"]).to_numpy(dtype=object), frame["io"].to_numpy(dtype=object),
+                                     arg.to_numpy(dtype=object), mx.to_numpy(dtype="float64"),
+                                     flags["nonfinite"].to_numpy(dtype=bool))
+        hit = frame.loc[found, ["step", "rank"]]
         return set(map(tuple, hit.drop_duplicates().itertuples(index=False, name=None)))
 
     # ---- comparison -------------------------------------------------------------------------------

@@ -36,11 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from ..naninf_rule import AMP_UNSCALE_OP, AMP_UPDATE_OP
 from . import metrics
 
 #: the scaler's unscale op and its argument holding ``1/S``
-UNSCALE_OP = "_amp_foreach_non_finite_check_and_unscale_"
-UPDATE_OP = "_amp_update_scale_"
+UNSCALE_OP, UPDATE_OP = AMP_UNSCALE_OP, AMP_UPDATE_OP
 #: ops of the scaler's bookkeeping whose one-element S or 1/S tensors are divided too
 SCALER_OPS = frozenset({"full", "to", "_to_copy", "copy_", "double", "float", "reciprocal", "mul", "lift_fresh",
                         "clone", "detach", UNSCALE_OP, UPDATE_OP})

@@ -16,13 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from ..naninf_rule import gradscaler_found_inf
 from .integrity import NOT_COMPARED
 from .loss_scale import UNSCALE_OP, UPDATE_OP, _base, _computes_fp16, _module_only, pd_num
 
 
 def found_inf(both: Any, p: str) -> bool:
     """Did side ``p`` (``"d_"``/``"b_"``) of this (step, rank) have a GradScaler find Inf/NaN
-    gradients? Its unscale op read a non-finite gradient, or its update op got ``found_inf > 0``."""
+    gradients (:func:`~torchparity.naninf_rule.gradscaler_found_inf`, the rule ``torchparity
+    overflow`` applies too)?"""
     col = f"{p}op"
     if col not in both or not len(both):
         return False
@@ -31,14 +33,9 @@ def found_inf(both: Any, p: str) -> bool:
     if UNSCALE_OP not in bases.values() and UPDATE_OP not in bases.values():
         return False
     base = np.array([bases[o] for o in op], dtype=object)
-    io = both[f"{p}io"].to_numpy(dtype=object)
-    arg = both[f"{p}arg"].astype(str).to_numpy(dtype=object)
-
     mx = pd_num(both[f"{p}max"].to_numpy(dtype=object)) if f"{p}max" in both else np.full(len(both), np.nan)
-    with np.errstate(invalid="ignore"):
-        unscale = (base == UNSCALE_OP) & (io == "input") & _bad(both, p)
-        update = (base == UPDATE_OP) & (io == "input") & np.isin(arg, ["2", "found_inf"]) & (mx > 0)
-    return bool((unscale | update).any())
+    return bool(gradscaler_found_inf(base, both[f"{p}io"].to_numpy(dtype=object),
+                                     both[f"{p}arg"].astype(str).to_numpy(dtype=object), mx, _bad(both, p)).any())
 
 
 def _bad(both: Any, p: str) -> np.ndarray:

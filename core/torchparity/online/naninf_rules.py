@@ -229,6 +229,7 @@ def op_rules(si: Any) -> _OpInfo:
     """The tracker's rules for an overload (``si``: the op stream's
     :class:`~torchparity.capture.op_stream.OpInfo`), computed once per overload."""
     from ..capture import ops as opinfo
+    from ..naninf_rule import AMP_UNSCALE_OP
 
     func, base, ns = si.func, si.base, si.namespace
     writes = si.writes
@@ -250,7 +251,7 @@ def op_rules(si: Any) -> _OpInfo:
                    out_only=frozenset(out_only), writes=writes, alias_src=alias,
                    scaled=_SCALED.get(base, -1) if ns == "aten" else -1,
                    inherits=base in _INHERITS and ns == "aten", view=si.view, foreign=ns not in ("aten", "prims"),
-                   scaler_check=base == "_amp_foreach_non_finite_check_and_unscale_",
+                   scaler_check=base == AMP_UNSCALE_OP,
                    collective=si.prefix == "Distributed")
 
 
