@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..capture.host_copies import _streams_for
 from ..capture.op_stream import STREAM_KEY, written_tensors
 from ..capture.tool_state import _tool_state
 from .naninf_rules import (_EXTERNAL, _FINITE, _INF, _NAN, _PENDING, _PRESERVING, _OpInfo, _host_fact,
@@ -29,17 +30,11 @@ _modules: dict[str, Any] = {}
 
 
 def _device_module(device_type: str) -> Any:
-    m = _modules.get(device_type, False)
-    if m is False:
-        get = getattr(torch, "get_device_module", None)  # torch >= 2.3
-        try:
-            m = get(device_type) if get is not None else getattr(torch, device_type, None)
-        except (RuntimeError, AttributeError):
-            m = None
-        if m is not None and not (hasattr(m, "current_stream") and hasattr(m, "stream")):
-            m = None
-        _modules[device_type] = m
-    return m
+    """The stream API of ``device_type`` as the dump's host copies find it (cached)."""
+    if device_type not in _modules:
+        s = _streams_for(device_type)
+        _modules[device_type] = s.m if s is not None else None
+    return _modules[device_type]
 
 
 def _stream_key(device: torch.device) -> Any:
@@ -64,11 +59,7 @@ def _stream_key(device: torch.device) -> Any:
 
 def _current_stream(device: torch.device) -> Any:
     """The current stream object of an accelerator (None on the CPU), to run a queue on later."""
-    if device.type == "cpu":
-        return None
-    if device.type == "cuda":
-        return torch.cuda.current_stream(device)
-    m = _device_module(device.type)
+    m = _device_module(device.type) if device.type != "cpu" else None
     return m.current_stream(device) if m is not None else None
 
 
@@ -290,7 +281,7 @@ class ScreenMemo:
                 a[2] = []
                 out = a[0][k0:k0 + len(q)]
                 other = stream is not None and _stream_key(key[0]) != a[4]  # queued on another stream
-                m = torch.cuda if key[0].type == "cuda" else _device_module(key[0].type)
+                m = _device_module(key[0].type)
                 with m.stream(stream) if other else _nullcontext(), torch.no_grad():
                     try:
                         _screen_many(q, out)
