@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
-#: gloo's TCP transport sometimes loses a connection between two processes of one job on a
-#: loaded machine (upstream flakiness: pytorch/pytorch#53270, #57469): both ranks then end with
-#: this message and say nothing about torchparity. Such a run is started once more, in a fresh folder.
-GLOO_TRANSPORT_FLAKE = "gloo/transport/tcp/pair.cc"
-
-
-def _run_pair(script: Path, args_of: Callable[[int, Path], list[str]], work: Path) -> tuple[list[int], list[str]]:
-    procs = [subprocess.Popen([sys.executable, str(script), *args_of(r, work)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    errs = [p.communicate(timeout=120)[1] for p in procs]
-    return [p.returncode for p in procs], errs
+from torchparity.compare._testing import gloo_job
 
 
 @pytest.fixture
@@ -31,12 +19,10 @@ def gloo_pair(tmp_path: Path) -> Callable[..., tuple[list[int], list[str], Path]
 
     def run(script: Path, args_of: Callable[[int, Path], list[str]],
             ok: Callable[[list[int], list[str]], bool]) -> tuple[list[int], list[str], Path]:
-        for attempt in range(2):
-            work = tmp_path / f"attempt{attempt}"
-            work.mkdir()
-            codes, errs = _run_pair(script, args_of, work)
-            if ok(codes, errs) or not any(GLOO_TRANSPORT_FLAKE in e for e in errs):
-                break
-        return codes, errs, work
+        def new_dir(name: str) -> Path:
+            (tmp_path / name).mkdir()
+            return tmp_path / name
+
+        return gloo_job(script, 2, new_dir, args_of, ok)
 
     return run

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Callable
@@ -17,7 +15,7 @@ from typing import Callable
 import pytest
 import torch
 
-from tests.dump.conftest import GLOO_TRANSPORT_FLAKE
+from torchparity.compare._testing import gloo_job
 
 JOB = Path(__file__).with_name("dist_job.py")
 
@@ -47,18 +45,15 @@ def _mesh_available() -> bool:
 def _run_job(work: Path, kind: str, world: int, dump: Path | None, fault_rank: int = -1) -> list[dict]:
     """Run ``kind`` on ``world`` gloo processes (once more if gloo's own TCP transport drops a
     connection, see conftest); return each rank's result (losses, parameter bytes)."""
-    for attempt in range(2):
-        run = work / f"{kind}_{'on' if dump else 'off'}_{attempt}"
-        run.mkdir(parents=True)
-        args = [kind, "", str(world), str(run / "init"), str(run / "res{rank}.json"),
+    def new_dir(name: str) -> Path:
+        (work / f"{kind}_{'on' if dump else 'off'}_{name}").mkdir(parents=True)
+        return work / f"{kind}_{'on' if dump else 'off'}_{name}"
+
+    def args_of(r: int, run: Path) -> list[str]:
+        return [kind, str(r), str(world), str(run / "init"), str(run / "res{rank}.json"),
                 str(dump) if dump else "-", "aten", str(fault_rank)]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        procs = [subprocess.Popen([sys.executable, str(JOB), *(args[:1] + [str(r)] + args[2:])], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
-        errs = [p.communicate(timeout=180)[1] for p in procs]
-        codes = [p.returncode for p in procs]
-        if codes == [0] * world or not any(GLOO_TRANSPORT_FLAKE in e for e in errs):
-            break
+
+    codes, errs, run = gloo_job(JOB, world, new_dir, args_of, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert codes == [0] * world, "\n".join(f"--- rank {i} (exit {c}) ---\n{e[-3000:]}" for i, (c, e) in
                                            enumerate(zip(codes, errs)))
     return [json.loads((run / f"res{r}.json").read_text()) for r in range(world)]

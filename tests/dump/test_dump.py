@@ -453,7 +453,7 @@ def test_a_rank_starting_leaves_the_other_ranks_fresh_step_directories(tmp_path:
 def test_the_writer_makes_its_step_directory_again_when_it_vanished(tmp_path: Path, monkeypatch) -> None:
     """The step directory removed between its mkdir and the rank directory's (another rank's
     cleanup): made again, the records are written."""
-    import torchparity.dump.writer as writer_mod
+    from torchparity.dump.writer import _make_dir
 
     real = Path.mkdir
     calls = {"n": 0}
@@ -466,5 +466,5 @@ def test_the_writer_makes_its_step_directory_again_when_it_vanished(tmp_path: Pa
 
     monkeypatch.setattr(Path, "mkdir", flaky)
     d = tmp_path / "dump"
-    writer_mod._make_dir(d / "step0" / "rank0")
+    _make_dir(d / "step0" / "rank0")
     assert (d / "step0" / "rank0").is_dir() and calls["n"] == 1

@@ -38,4 +38,5 @@ for mode in ("host", "device", "light"):
             opt.zero_grad()
     with open(f"{out}/{mode}_rank{rank}.json", "w") as f:
         json.dump([f.to_dict() for f in tracker.findings], f)
+dist.barrier()  # neither rank leaves while the other still talks to it (gloo aborts a rank otherwise)
 dist.destroy_process_group()
