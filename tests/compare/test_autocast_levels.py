@@ -14,6 +14,7 @@ from torch import nn
 import torchparity
 from torchparity.capture.compute_dtype import call_flags
 from torchparity.compare.matching import match_records
+from torchparity.compat.amp import backward_and_step
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"), reason="torch.amp.GradScaler needs torch >= 2.3")
 
@@ -43,13 +44,7 @@ def _run(path, level: str, amp: bool) -> list[float]:
         with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
             loss = nn.functional.cross_entropy(net(x).float().reshape(-1, 4), y)
         losses.append(loss.item())
-        if amp:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
+        backward_and_step(loss, opt, scaler)
     return losses
 
 

@@ -20,6 +20,7 @@ from torch import nn
 
 import torchparity
 from torchparity.compare import hidden_flips
+from torchparity.compat.amp import backward_and_step
 
 _AMP = pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"), reason="torch.amp.GradScaler needs torch >= 2.3")
 
@@ -61,13 +62,7 @@ def _train(path: Path, name: str, level: str, amp: bool, fault: str | None = Non
                 loss = nn.functional.cross_entropy(model(batch["x"]).float(), batch["y"])
             else:
                 loss = model(**batch).loss
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
+        backward_and_step(loss, opt, scaler)
 
 
 @_AMP

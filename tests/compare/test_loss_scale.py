@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import torchparity
+from torchparity.compat.amp import backward_and_step
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"), reason="torch.amp.GradScaler needs torch >= 2.3")
 
@@ -25,16 +26,9 @@ def _run(path, level: str, amp: bool, scale: float = 2.0 ** 8, steps: int = 1, m
     x, y = torch.randn(4, 16), torch.randint(0, 8, (4,))
     with torchparity.dump(str(path), model=net, level=level, mode=mode):
         for _ in range(steps):
-            if amp:
-                with torch.autocast("cpu", dtype=torch.float16):
-                    loss = nn.functional.cross_entropy(net(x).float(), y)
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss = nn.functional.cross_entropy(net(x), y)
-                loss.backward()
-                opt.step()
+            with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+                loss = nn.functional.cross_entropy(net(x).float() if amp else net(x), y)
+            backward_and_step(loss, opt, scaler if amp else None)
             opt.zero_grad(set_to_none=True)
 
 
@@ -94,9 +88,7 @@ def test_a_real_fault_in_a_scaled_backward_is_still_found(tmp_path):
     with torchparity.dump(str(tmp_path / "dev"), model=net, level="api"):
         with torch.autocast("cpu", dtype=torch.float16):
             loss = nn.functional.cross_entropy(net(x).float(), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
+        backward_and_step(loss, opt, scaler)
     h.remove()
     res = torchparity.compare(str(tmp_path / "dev"), str(tmp_path / "bench"), step=0)
     assert res.diverged and res.root_cause is not None

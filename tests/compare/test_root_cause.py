@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 import torchparity
+from torchparity.compat.amp import backward_and_step
 
 # (fault: op, phase, call, factor) -> the module the faulted aten.mm call belongs to
 FWD_UP = ("aten.mm.default", "forward", 5, 1.01)  # layers.0.mlp.up_proj forward, x1.01
@@ -227,13 +228,7 @@ def test_clean_cnn_under_fp16_autocast_does_not_blame_a_batchnorm_scale_gradient
                 x, y = torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 4, (2,), generator=g)
                 with torch.autocast("cpu", dtype=torch.float16) if fp16 else contextlib.nullcontext():
                     loss = nn.functional.cross_entropy(m(x).float(), y)
-                if scaler is None:
-                    loss.backward()
-                    opt.step()
-                else:
-                    scaler.scale(loss).backward()
-                    scaler.step(opt)
-                    scaler.update()
+                backward_and_step(loss, opt, scaler)
                 opt.zero_grad()
 
     run("fp32", False)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import torchparity
-from torchparity.compat.amp import cpu_float16_amp
+from torchparity.compat.amp import backward_and_step, cpu_float16_amp
 
 emulated = pytest.importorskip("torchparity_backend_emulated")
 
@@ -49,15 +49,9 @@ def _run(path: Path, level: str, amp: bool, init_scale: float = 2.0 ** 24, fault
     x = torch.randn(8, 16)
     with fault if fault is not None else contextlib.nullcontext():
         with torchparity.dump(str(path), level=level, model=model, fsync=False):
-            if amp:
-                with torch.autocast("cpu", dtype=torch.float16):
-                    loss = model(x).float().pow(2).mean() * 1e4
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                (model(x).pow(2).mean() * 1e4).backward()
-                opt.step()
+            with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+                loss = model(x).float().pow(2).mean() * 1e4
+            backward_and_step(loss, opt, scaler)
             opt.zero_grad()
     return scaler.get_scale() if scaler is not None else 0.0
 

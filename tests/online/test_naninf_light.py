@@ -195,11 +195,17 @@ def test_parameters_poisoned_by_a_light_step_are_reported_once() -> None:
     assert [(f.kind, f.step) for f in t.findings] == [("light", 1), ("entered", 2)], t.findings
 
 
-def test_parameters_already_non_finite_on_the_first_light_step() -> None:
+def _inf_weight_net() -> _Net:
+    """A net whose fc2.weight holds an Inf before any step."""
     torch.manual_seed(0)
     model = _Net()
     with torch.no_grad():
         model.fc2.weight[0, 0] = float("inf")
+    return model
+
+
+def test_parameters_already_non_finite_on_the_first_light_step() -> None:
+    model = _inf_weight_net()
     with NanInfTracker(model, steps=[0], light="module") as t:
         model.step = 0
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -212,10 +218,7 @@ def test_parameters_already_non_finite_on_the_first_light_step() -> None:
 
 
 def test_a_light_step_names_the_parameter_that_entered_non_finite() -> None:
-    torch.manual_seed(0)
-    model = _Net()
-    with torch.no_grad():
-        model.fc2.weight[0, 0] = float("inf")
+    model = _inf_weight_net()
     with NanInfTracker(model, steps=[5], light="module") as t:
         model(torch.randn(6, 8)).pow(2).mean().backward()
         t.step()

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torchparity.compat.amp import backward_and_step
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 VOCAB = 128
@@ -305,13 +306,7 @@ class Trainer:
         torch.manual_seed(1000 + self.steps_done)
         with self._autocast():
             loss = self.spec.loss(self.model, self.batch)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.opt)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.opt.step()
+        backward_and_step(loss, self.opt, self.scaler)
         self.opt.zero_grad(set_to_none=True)
         self.steps_done += 1
         return float(loss.detach())

@@ -21,3 +21,15 @@ def cpu_float16_amp() -> bool:
     except (RuntimeError, TypeError, ValueError):
         return False
     return True
+
+
+def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: object | None = None) -> None:
+    """``loss.backward(); optimizer.step()``, through ``scaler`` when given (a
+    ``torch.amp.GradScaler``: scale, step, update), as a float16-AMP training loop does."""
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+        return
+    scaler.scale(loss).backward()  # type: ignore[attr-defined]
+    scaler.step(optimizer)  # type: ignore[attr-defined]
+    scaler.update()  # type: ignore[attr-defined]
