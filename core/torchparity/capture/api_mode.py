@@ -31,6 +31,7 @@ from .aten_mode import (_ALL_OUTPUTS, _OVERWRITING, _UNINITIALIZED_RESULT, _WHY_
                          _WHY_UNINIT)
 from .grad_capture import GradWatch, next_sequence_nr, watch_call
 from .mode_stacks import insert_back, take_out
+from .compiled import is_compiling
 from .compute_dtype import call_flags
 from .module_tracker import tag_graph
 from .flatten import flat_args, flat_outputs
@@ -277,7 +278,9 @@ class ApiCaptureMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         s = self.session
-        if s.busy or tool_is_busy():
+        if s.busy or tool_is_busy() or is_compiling():
+            # is_compiling(): Dynamo is tracing a torch.compile'd function through this mode;
+            # the graph gets the call alone, as without the tool (and is not recorded)
             return func(*args, **kwargs)
         return self._dispatch(func, args, kwargs)
 

@@ -6,6 +6,12 @@ eagerly (or, at the API level, fail inside Dynamo): the user's numerics would si
 the compiled run's to the eager run's, which the tool must never do. Until capture inside compiled
 graphs exists for a tool, it refuses a compiled model with one line naming the alternatives:
 when it starts with the model, and when a compiled module is first called while it runs.
+
+A compiled *function* (``torch.compile(opt.step)``, a compiled loss) is not refused: it runs
+compiled under every tool (the op stream's mode opts out of Dynamo's skip, and the tool code
+Dynamo may trace returns at once under :data:`is_compiling`); what the tools cannot see of it is
+said (:func:`compiled_functions_note`), and on torch 2.5-2.8, where it runs eagerly under a
+dispatch mode, a warning says that (:func:`warn_if_compiled_functions_run_eagerly`).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import UsageError
 
@@ -39,6 +46,75 @@ MODULE_LEVEL_OK = tuple(int(x) for x in torch.__version__.split("+")[0].split(".
 #: torchparity.dump(level="aten") captures a compiled model's graphs (compile/in_dump.py) from
 #: torch 2.2 on (the compile backend's floor); before, it refuses it
 COMPILED_DUMP_OK = MODULE_LEVEL_OK
+
+
+def _is_compiling_fn() -> Any:
+    f = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
+    if f is None:
+        f = getattr(getattr(torch, "_dynamo", None), "is_compiling", None)
+    return f if f is not None else (lambda: False)
+
+
+#: True while Dynamo traces a ``torch.compile``'d function (a constant it folds into the graph),
+#: False when the code runs. Tool code that Dynamo may trace (the API level's function mode, the
+#: module tracker's global hooks) returns at once under it: the compiled graph is then the one
+#: the user gets without the tool, and so are the numerics.
+is_compiling = _is_compiling_fn()
+
+
+#: can a dispatch mode let torch.compile'd frames run compiled (``ignore_compile_internals``,
+#: asked by Dynamo from torch 2.9 on)? From torch 2.5 (PyTorch #131828) to 2.8 Dynamo skips every
+#: compiled frame while a dispatch mode is on the stack, and nothing a mode says changes that
+DISPATCH_MODE_CAN_OPT_OUT = hasattr(TorchDispatchMode, "ignore_compile_internals")
+_SKIPS_UNDER_MODES = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+_warned_eager = False
+
+
+def _dynamo_codes() -> Any:
+    """The code objects Dynamo was asked to compile in this process (None before any)."""
+    import sys
+
+    convert = sys.modules.get("torch._dynamo.convert_frame")
+    return getattr(getattr(convert, "input_codes", None), "seen", None)
+
+
+#: what a dump's step header says (``compiled_functions``) once torch.compile'd code has run in
+#: the process: the dump cannot see which compiled function ran in which step
+COMPILED_FUNCTIONS_NOTE = (
+    "torch.compile'd code has run in this process: a compiled function called in this step outside a model "
+    "the dump captures (a compiled optimizer step, loss or training step) ran compiled, and only the kernels it "
+    "calls through the dispatcher (matmuls, convolutions) are recorded, not its fused kernels")
+COMPILED_FUNCTIONS_EAGER_NOTE = (
+    "torch.compile'd code has run in this process: on this torch (2.5 to 2.8) a compiled function called in this "
+    "step outside a model the dump captures ran eagerly under the capture, with eager numerics, and is recorded "
+    "op by op")
+
+
+def compiled_functions_note() -> str | None:
+    """The step header's ``compiled_functions`` text, or None while no compiled code has run."""
+    if not _dynamo_codes():
+        return None
+    return COMPILED_FUNCTIONS_EAGER_NOTE if _SKIPS_UNDER_MODES and not DISPATCH_MODE_CAN_OPT_OUT \
+        else COMPILED_FUNCTIONS_NOTE
+
+
+def warn_if_compiled_functions_run_eagerly(what: str) -> None:
+    """Once per process, on torch 2.5-2.8 and once Dynamo has met compiled code in this process:
+    say that ``torch.compile``'d functions (a compiled ``optimizer.step``, loss, training step:
+    not a model given to the dump, whose graphs are captured) run eagerly under ``what``, so
+    their numerics are eager's there. Never said on other versions: they run compiled."""
+    global _warned_eager
+    if _warned_eager or DISPATCH_MODE_CAN_OPT_OUT or not _SKIPS_UNDER_MODES or not _dynamo_codes():
+        return
+    _warned_eager = True
+    import warnings
+
+    warnings.warn(
+        f"torch {torch.__version__}: a torch.compile'd function called while {what} is on runs eagerly "
+        f"(Dynamo skips compiled code under a dispatch mode from torch 2.5 to 2.8), so its numerics are "
+        f"eager's while the tool is on; torch >= 2.9 keeps them compiled. A compiled model given to "
+        f"torchparity.dump(model=..., level='aten') is captured compiled on every version; see docs/compile.md",
+        RuntimeWarning, stacklevel=2)
 
 
 def is_compiled(module: Any) -> bool:
@@ -98,5 +174,7 @@ class CompiledCallGuard:
             self._handle = None
 
     def _check(self, module: Any, args: Any) -> None:
+        if is_compiling():  # a module inside a compiled function, traced by Dynamo: not a call
+            return
         if (type(module) is _OPTIMIZED or is_compiled(module)) and module not in _CAPTURED:
             raise refusal(self.what)

@@ -34,6 +34,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten
 
+from .compiled import is_compiling
+
 _META_KEY = "torchparity"
 #: calls a ``walked`` dict remembers at most (see :func:`tag_graph`)
 _WALKED_LIMIT = 100_000
@@ -134,6 +136,8 @@ class ModuleTracker:
 
     # ---- hooks -----------------------------------------------------------------------------
     def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        if is_compiling():  # Dynamo traces a compiled function's modules: no frame (see _post)
+            return None
         path = self.name_of(module)
         key = path + "|" + type(module).__name__
         idx = self._counts.get(key, 0)
@@ -163,11 +167,19 @@ class ModuleTracker:
             hooks.move_to_end(handle.id)
 
     def _tail(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
-        self._close(module, args, {}, output)
+        if not is_compiling():
+            self._close(module, args, {}, output)
 
     def _post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         """The global forward hook: closes the frame unless the module's own hooks are still to
-        run (then :meth:`_tail` closes it, after them)."""
+        run (then :meth:`_tail` closes it, after them).
+
+        Both global hooks do nothing while Dynamo traces a ``torch.compile``'d function that calls
+        modules (:func:`.compiled.is_compiling`): traced, the tracker's bookkeeping would break
+        the user's graph into pieces and change its numerics; the compiled code then runs
+        inside the frame of the module that called it."""
+        if is_compiling():
+            return
         handle = self._tails.get(module)
         if handle is not None and handle.id in module._forward_hooks:
             return

@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import gc_quiet
 from .mode_stacks import insert_back
-from .compiled import CompiledCallGuard, refuse_compiled
+from .compiled import CompiledCallGuard, refuse_compiled, warn_if_compiled_functions_run_eagerly
 from . import ops as opinfo
 from .module_tracker import Frame, ModuleTracker, _graph_task_id, in_backward, tag_graph
 from .tool_state import _tool_state, tool_is_busy  # noqa: F401 (tool_is_busy re-exported)
@@ -188,6 +188,12 @@ class _StreamMode(TorchDispatchMode):
         if stream._all_paused:  # every consumer paused (OpStream.pause): the kernel, nothing else
             return func(*args, **(kwargs or {}))
         return stream._dispatch(func, args, kwargs or {})
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """A ``torch.compile``'d function called under the mode runs compiled, as without the tool
+        (Dynamo would skip its frames: eager numerics). Asked from torch 2.9 on: :mod:`.compiled`."""
+        return True
 
     # Code written for the time when the emulated device was a dispatch mode of its own looks for
     # ``torchparity_emulated`` on the mode stack: the stream's mode answers for its consumers.
@@ -422,6 +428,7 @@ class OpStream:
         even when one raises: the first error is raised once the step has ended), then the
         counters reset."""
         error: BaseException | None = None
+        warn_if_compiled_functions_run_eagerly(_STREAM_TOOLS)
         for c in self._chain:
             try:
                 c.on_step_end(self.step)

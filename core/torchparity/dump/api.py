@@ -26,8 +26,7 @@ import torch
 from ..capture import gc_quiet
 from ..capture.api_mode import ApiCaptureMode
 from ..capture.compiled import (COMPILED_DUMP_OK, MODULE_LEVEL_OK, CompiledCallGuard, CompiledModelError,
-                                is_compiled,
-                                refuse_compiled)
+                                compiled_functions_note, is_compiled, refuse_compiled)
 from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
 from ..capture.module_tracker import ModuleTracker
@@ -235,15 +234,17 @@ class Dumper:
             self.writer.flush()
 
     def _step_header_fn(self, o: DumpOptions, compiled: bool) -> Any:
-        """Each step's header: the tier (a scheduled dump) and the compiled capture's graphs."""
+        """Each step's header: the tier (a scheduled dump), the compiled capture's graphs, and what
+        is not captured of torch.compile'd functions once the process has run some."""
         tier = _step_header(o) if o.scheduled else None
-        if not compiled:
-            return tier
 
         def info(step: int) -> dict[str, Any]:
             out = dict(tier(step)) if tier is not None else {}
-            if self._compiled is not None:
+            if compiled and self._compiled is not None:
                 out["compile"] = self._compiled.header()
+            note = compiled_functions_note()
+            if note is not None:  # what the dump cannot see of compiled functions (docs/compile.md)
+                out["compiled_functions"] = note
             return out
 
         return info

@@ -12,6 +12,10 @@ MARKER = "[torchparity:NANINF]"
 #: the end of a light finding's name when the parameters held the NaN/Inf as the step began
 BEFORE_STEP = " at the step's start"
 #: why an overflow of the scaled backward is absorbed (``NanInfFinding.note``)
+#: an entered NaN/Inf once torch.compile'd code has run in the process (docs/compile.md)
+COMPILED_NOTE = ("torch.compile'd code has run in this process: the NaN/Inf may have been made inside a compiled "
+                 "function's fused kernels, which the tracker does not see (run that function uncompiled, or dump it "
+                 "with torchparity.compile_backend, to name the op)")
 SCALER_NOTE = "absorbed by the loss scaler: a GradScaler checked these gradients and skips the optimizer step they overflow"
 
 
@@ -50,7 +54,7 @@ class NanInfFinding:
     step: int
     seq: int  # index of the op among the tracked ops of the step
     value: str  # "NaN" or "Inf" (what the first bad screen held)
-    note: str = ""  # why it is absorbed, when not for the usual reason (SCALER_NOTE)
+    note: str = ""  # why it is absorbed, when not for the usual reason (SCALER_NOTE); where an entered one may come from (COMPILED_NOTE)
 
     def __str__(self) -> str:
         where = f"in module {self.module!r}" + (f" ({self.module_class})" if self.module_class else "") \
@@ -74,7 +78,8 @@ class NanInfFinding:
             what = f"produced {self.value} from finite inputs; " + (self.note or "absorbed (it reached no loss, "
                                                                     "gradient, parameter or model output)")
         else:
-            what = f"read a tensor that already held {self.value} (no tracked op created it in this step)"
+            what = f"read a tensor that already held {self.value} (no tracked op created it in this step)" + \
+                (f"; {self.note}" if self.note else "")
         return f"step {self.step}: {self.name} ({self.op}) {where}, {self.phase}: {what}"
 
     def to_dict(self) -> dict[str, Any]:

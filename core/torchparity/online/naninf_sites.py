@@ -10,7 +10,8 @@ import torch
 
 from ..capture.tool_state import _tool_state
 from ..naninf_rule import is_sink
-from .naninf_findings import SCALER_NOTE, NanInfFinding
+from ..capture.compiled import compiled_functions_note
+from .naninf_findings import COMPILED_NOTE, SCALER_NOTE, NanInfFinding
 from .naninf_rules import _CHUNK, _FINITE, _FLOAT, _INF, _NAN, _SENTINEL, _STRIDED, _OpInfo, _flat_tensors
 
 
@@ -204,7 +205,9 @@ class SiteJudge:
             # the loss, a gradient) or when no sink ran; absorbed (an additive -inf attention mask
             # passed in as an input, softmaxed away) it is not (found by a new-user check, session 16)
             if not findings and entered is not None and self.report_entered and (self._lost or not self._sunk):
-                findings = [self._finding("entered", entered[0], entered[1], "NaN/Inf")]
+                # made where the tracker cannot see, perhaps: inside a compiled function's kernels
+                note = COMPILED_NOTE if compiled_functions_note() is not None else ""
+                findings = [self._finding("entered", entered[0], entered[1], "NaN/Inf", note=note)]
             return findings, absorbed
 
     def _device_lineage(self) -> None:
