@@ -78,16 +78,23 @@ def _compiled(spec: zm.ZooSpec, prec: str) -> zm.Trainer:
     return t
 
 
-def check_compile(name: str, prec: str, root: Path) -> tuple[bool, str]:
-    spec = zm.ZOO[name]
+def _off_and_on(make: Any, tools: Any) -> tuple[bool, Any]:
+    """Two trainers from ``make()`` trained 2 steps, the second inside the context ``tools(trainer)``
+    returns (fresh Dynamo caches for each): (bitwise equal, what the context gave)."""
     torch._dynamo.reset()
-    off = _compiled(spec, prec)
+    off = make()
     l0 = off.train(2)
     torch._dynamo.reset()
-    on = _compiled(spec, prec)
-    with torchparity.dump(str(root / "compiled"), model=on.model, level="aten"):
+    on = make()
+    with tools(on) as got:
         l1 = on.train(2)
-    bitwise = l0 == l1 and _same(_state(off), _state(on))
+    return l0 == l1 and _same(_state(off), _state(on)), got
+
+
+def check_compile(name: str, prec: str, root: Path) -> tuple[bool, str]:
+    spec = zm.ZOO[name]
+    bitwise, _ = _off_and_on(lambda: _compiled(spec, prec),
+                             lambda on: torchparity.dump(str(root / "compiled"), model=on.model, level="aten"))
     eager = zm.Trainer(spec, prec)
     with torchparity.dump(str(root / "eager"), model=eager.model, level="aten"):
         eager.train(2)
@@ -113,14 +120,14 @@ def check_compiled_fn(name: str, prec: str, root: Path) -> tuple[bool, str]:
     import json
 
     spec = zm.ZOO[name]
-    torch._dynamo.reset()
-    off = _compiled_functions(spec, prec)
-    l0 = off.train(2)
-    on = _compiled_functions(spec, prec)
-    with torchparity.dump(str(root / "dump"), model=on.model, level="aten"), \
-            torchparity.NanInfTracker(on.model) as tracker:
-        l1 = on.train(2)
-    bitwise = l0 == l1 and _same(_state(off), _state(on))
+
+    @contextlib.contextmanager
+    def dump_and_tracker(on: zm.Trainer) -> Any:
+        with torchparity.dump(str(root / "dump"), model=on.model, level="aten"), \
+                torchparity.NanInfTracker(on.model) as tracker:
+            yield tracker
+
+    bitwise, tracker = _off_and_on(lambda: _compiled_functions(spec, prec), dump_and_tracker)
     header = json.loads((root / "dump" / "step1" / "rank0" / "header.json").read_text())
     said = "compiled_functions" in header
     ok = bitwise and not tracker.findings and said
