@@ -49,6 +49,20 @@ _forward = torch.compile(lambda model, x: model(x))
 _compiled_loss = torch.compile(_loss)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _room_for_recompiles() -> Any:
+    """Each run compiles its own optimizer's step (Dynamo guards on the optimizer object): past
+    Dynamo's recompile limit (8) it would run eagerly, and a late test would see eager numerics."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    old = getattr(cfg, name)
+    setattr(cfg, name, 64)
+    yield
+    setattr(cfg, name, old)
+
+
 def _train(tool: Callable[[nn.Module], Any] | None, steps: int = 3) -> list[torch.Tensor]:
     torch.manual_seed(0)
     model = _Net()
@@ -100,6 +114,7 @@ TOOLS = {
     "dump module": lambda d: (lambda m: torchparity.dump(d / "module", model=m, level="module")),
     "NaN/Inf tracker": lambda d: (lambda m: torchparity.NanInfTracker(m)),
     "online compare": lambda d: (lambda m: torchparity.CompareWithReference(model=m)),
+    "GradMonitor": lambda d: (lambda m: torchparity.GradMonitor(m, d / "grads")),
 }
 
 
@@ -175,3 +190,21 @@ def test_what_the_tools_cannot_see_of_compiled_functions_is_said(tmp_path):
     assert tracker.first is None  # no tracked op created it
     entered = [f for f in tracker.findings if f.kind == "entered"]
     assert entered and "compiled function's fused kernels" in str(entered[0])
+
+
+def test_the_tools_optimizer_step_hooks_are_called_not_traced_inside_a_compiled_step(tmp_path):
+    """With Dynamo loaded (any process that compiled something), the step hooks the tools add are
+    marked for Dynamo to call as they are: inside a compiled ``optimizer.step()`` they run (the
+    tool's step ends) instead of being traced into the graph with "does not know how to trace"
+    warnings. Without Dynamo loaded they are the plain hooks (importing it costs seconds)."""
+    import torch._dynamo  # noqa: F401 - loaded, as after any torch.compile
+    from torch.optim import optimizer as optim_mod
+
+    before = set(optim_mod._global_optimizer_pre_hooks) | set(optim_mod._global_optimizer_post_hooks)
+    model = _Net()
+    with torchparity.dump(tmp_path / "d", model=model, level="aten"), torchparity.NanInfTracker(model), \
+            torchparity.GradMonitor(model, tmp_path / "g"):
+        added = [h for d in (optim_mod._global_optimizer_pre_hooks, optim_mod._global_optimizer_post_hooks)
+                 for k, h in d.items() if k not in before]
+    assert len(added) >= 4
+    assert all(getattr(h, "_torchdynamo_disable", False) for h in added)

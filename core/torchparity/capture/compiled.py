@@ -70,6 +70,19 @@ _SKIPS_UNDER_MODES = tuple(int(x) for x in torch.__version__.split("+")[0].split
 _warned_eager = False
 
 
+def eager_hook(fn: Any) -> Any:
+    """``fn``, a hook the tool needs run as the user's code runs (an optimizer step hook that ends
+    the tool's step, reads gradients, ...), marked so that inside a ``torch.compile``'d function
+    (a compiled ``optimizer.step()``) Dynamo calls it as it is instead of tracing it: traced, the
+    tool's bookkeeping would become graph side effects, or graph breaks with Dynamo's "does not
+    know how to trace" warnings. Marked only when Dynamo is loaded already (importing it costs
+    seconds; a process that has not loaded it has compiled nothing yet)."""
+    import sys
+
+    disable = getattr(sys.modules.get("torch._dynamo"), "disable", None)
+    return disable(fn) if disable is not None else fn
+
+
 def _dynamo_codes() -> Any:
     """The code objects Dynamo was asked to compile in this process (None before any)."""
     import sys

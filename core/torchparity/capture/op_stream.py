@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import gc_quiet
 from .mode_stacks import insert_back
-from .compiled import CompiledCallGuard, refuse_compiled, warn_if_compiled_functions_run_eagerly
+from .compiled import CompiledCallGuard, eager_hook, refuse_compiled, warn_if_compiled_functions_run_eagerly
 from . import ops as opinfo
 from .module_tracker import Frame, ModuleTracker, _graph_task_id, in_backward, tag_graph
 from .tool_state import _tool_state, tool_is_busy  # noqa: F401 (tool_is_busy re-exported)
@@ -312,8 +312,8 @@ class OpStream:
         self.in_optimizer = False
         self._first_optimizer = None
         self._stepped.clear()
-        self._hooks = [optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre),
-                       optim_mod.register_optimizer_step_post_hook(self._on_opt_post)]
+        self._hooks = [optim_mod.register_optimizer_step_pre_hook(eager_hook(self._on_opt_pre)),
+                       optim_mod.register_optimizer_step_post_hook(eager_hook(self._on_opt_post))]
         if self._mode is None:
             self._mode = _StreamMode(self)
             self._mode.__enter__()

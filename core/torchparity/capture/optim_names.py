@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .compiled import eager_hook
 from .module_tracker import ModuleTracker
 from .ops import storage_ptr
 from .tensor_memo import TensorMemo
@@ -31,7 +32,7 @@ class OptimizerParamNames:
     def start(self) -> None:
         import torch.optim.optimizer as optim_mod
 
-        self._handle = optim_mod.register_optimizer_step_pre_hook(self._on_step)
+        self._handle = optim_mod.register_optimizer_step_pre_hook(eager_hook(self._on_step))
         # an optimizer hook added later runs after the tracker's roots are known (first forward)
 
     def stop(self) -> None:

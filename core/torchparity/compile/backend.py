@@ -11,6 +11,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import UsageError
+from ..capture.compiled import eager_hook
 from ..capture.session import StatRows
 from ..capture.stat_batch import RowRef, StatBatcher
 from .instrument import Instrumented, instrument
@@ -266,7 +267,7 @@ class CompileCapture:
     # --- steps -------------------------------------------------------------------------------
     def attach(self, optimizer: torch.optim.Optimizer) -> "CompileCapture":
         """End a step after every ``optimizer.step()``."""
-        self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.step()))
+        self._hooks.append(optimizer.register_step_post_hook(eager_hook(lambda *_: self.step())))
         return self
 
     def step(self) -> int:

@@ -26,7 +26,7 @@ import torch
 from ..capture import gc_quiet
 from ..capture.api_mode import ApiCaptureMode
 from ..capture.compiled import (COMPILED_DUMP_OK, MODULE_LEVEL_OK, CompiledCallGuard, CompiledModelError,
-                                compiled_functions_note, is_compiled, refuse_compiled)
+                                compiled_functions_note, eager_hook, is_compiled, refuse_compiled)
 from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
 from ..capture.module_tracker import ModuleTracker
@@ -170,8 +170,8 @@ class Dumper:
             import torch.optim.optimizer as optim_mod
 
             self._opt_hooks = [
-                optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre),
-                optim_mod.register_optimizer_step_post_hook(self._on_opt_post),
+                optim_mod.register_optimizer_step_pre_hook(eager_hook(self._on_opt_pre)),
+                optim_mod.register_optimizer_step_post_hook(eager_hook(self._on_opt_post)),
             ]
             if "aten" in o.levels:
                 stack.enter_context(AtenCaptureMode(self.session))

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..capture.compiled import eager_hook
 from ..capture.ranks import current_rank
 from ..capture.tool_state import tool_work
 from ..errors import UsageError
@@ -130,12 +131,12 @@ class GradMonitor:
 
             if not hasattr(optim_mod, "register_optimizer_step_post_hook"):
                 raise UsageError("GradMonitor: this torch has no global optimizer hooks; pass optimizer=")
-            self._handles.append(optim_mod.register_optimizer_step_post_hook(self._on_any_optimizer))
+            self._handles.append(optim_mod.register_optimizer_step_post_hook(eager_hook(self._on_any_optimizer)))
         elif self.optimizer is not None:
             if not hasattr(self.optimizer, "register_step_post_hook"):
                 raise UsageError("GradMonitor: this torch has no Optimizer.register_step_post_hook; "
                                  "omit optimizer= and call monitor.step() after each optimizer step")
-            self._handles.append(self.optimizer.register_step_post_hook(lambda *a, **k: self.step()))
+            self._handles.append(self.optimizer.register_step_post_hook(eager_hook(lambda *a, **k: self.step())))
         self._active = True
         return self
 

@@ -74,6 +74,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..capture.compiled import eager_hook
 from ..capture.module_tracker import Frame, ModuleTracker
 from ..capture.op_stream import LAYER_OBSERVER, OpCall, OpConsumer, OpInfo, op_stream
 from ..capture.outside_backward import OutsideBackward
@@ -222,7 +223,7 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpCo
                 self._outside.run(self._follow_tier)
         # raise a step's finding only after the stream has ended the step for every consumer
         # (registered after the stream's own hook, so it runs after it)
-        self._hooks = [optim_mod.register_optimizer_step_post_hook(self._after_opt_step)]
+        self._hooks = [optim_mod.register_optimizer_step_post_hook(eager_hook(self._after_opt_step))]
         self._seen = ()
         self._refresh_inherit(stream)
         return self

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from ..capture.compiled import eager_hook
 from ..capture.tool_state import tool_work
 from ..errors import TorchparityError, UsageError
 from .hashing import ALGORITHM, hex64, stacked_hashes
@@ -149,8 +150,8 @@ class ReplicaCheck:
             from ..capture.options import check_output_dir
 
             check_output_dir(self.output_dir, "ReplicaCheck output_dir")
-        self._handles = [self.optimizer.register_step_pre_hook(self._pre),
-                         self.optimizer.register_step_post_hook(self._post)]
+        self._handles = [self.optimizer.register_step_pre_hook(eager_hook(self._pre)),
+                         self.optimizer.register_step_post_hook(eager_hook(self._post))]
         return self
 
     def detach(self) -> None:

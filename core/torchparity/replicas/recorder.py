@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..capture.compiled import eager_hook
 from ..capture.tool_state import tool_work
 from .hashing import ALGORITHM, hex64, stacked_hashes
 from .online import optimizer_params, param_names
@@ -72,8 +73,8 @@ class ReplicaRecorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "ab" if key in _OPENED else "wb", buffering=0)
         _OPENED.add(key)
-        self._handles = [optim_mod.register_optimizer_step_pre_hook(self._pre),
-                         optim_mod.register_optimizer_step_post_hook(self._post)]
+        self._handles = [optim_mod.register_optimizer_step_pre_hook(eager_hook(self._pre)),
+                         optim_mod.register_optimizer_step_post_hook(eager_hook(self._post))]
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..capture.compiled import eager_hook
 from ..capture.tool_state import tool_work
 from ..errors import TorchparityError, UsageError
 from .confirm import confirm
@@ -73,7 +74,7 @@ class Watch:
             raise UsageError(f"watch: cannot create output_dir {self.options.output_dir} ({exc.strerror or exc})") from None
         if _rank()[1] > 1:  # every rank must replay the same steps: one fixed interval for all
             self.history.share = None
-        self._hook = self.optimizer.register_step_pre_hook(self._pre_step)
+        self._hook = self.optimizer.register_step_pre_hook(eager_hook(self._pre_step))
         return self
 
     def stop(self) -> None:
