@@ -76,11 +76,13 @@ def eager_hook(fn: Any) -> Any:
     (a compiled ``optimizer.step()``) Dynamo calls it as it is instead of tracing it: traced, the
     tool's bookkeeping would become graph side effects, or graph breaks with Dynamo's "does not
     know how to trace" warnings. Marked only when Dynamo is loaded already (importing it costs
-    seconds; a process that has not loaded it has compiled nothing yet)."""
+    seconds; a process that has not loaded it has compiled nothing yet), and not on torch 2.1,
+    whose ``torch._dynamo.disable`` re-wraps every optimizer's ``step()`` for the whole process
+    (Dynamo's ``TorchPatcher``) so that no optimizer step hook fires any more (CI's lowest job)."""
     import sys
 
     disable = getattr(sys.modules.get("torch._dynamo"), "disable", None)
-    return disable(fn) if disable is not None else fn
+    return disable(fn) if disable is not None and MODULE_LEVEL_OK else fn
 
 
 def _dynamo_codes() -> Any:
