@@ -12,11 +12,12 @@ MARKER = "[torchparity:NANINF]"
 #: the end of a light finding's name when the parameters held the NaN/Inf as the step began
 BEFORE_STEP = " at the step's start"
 #: why an overflow of the scaled backward is absorbed (``NanInfFinding.note``)
-#: an entered NaN/Inf once torch.compile'd code has run in the process (docs/compile.md)
+SCALER_NOTE = "absorbed by the loss scaler: a GradScaler checked these gradients and skips the optimizer step they overflow"
+#: where an entered NaN/Inf may come from once torch.compile'd code has run in the process
+#: (``NanInfFinding.note``; docs/compile.md)
 COMPILED_NOTE = ("torch.compile'd code has run in this process: the NaN/Inf may have been made inside a compiled "
                  "function's fused kernels, which the tracker does not see (run that function uncompiled, or dump it "
                  "with torchparity.compile_backend, to name the op)")
-SCALER_NOTE = "absorbed by the loss scaler: a GradScaler checked these gradients and skips the optimizer step they overflow"
 
 
 class NonFiniteError(TorchparityError):
@@ -54,7 +55,7 @@ class NanInfFinding:
     step: int
     seq: int  # index of the op among the tracked ops of the step
     value: str  # "NaN" or "Inf" (what the first bad screen held)
-    note: str = ""  # why it is absorbed, when not for the usual reason (SCALER_NOTE); where an entered one may come from (COMPILED_NOTE)
+    note: str = ""  # absorbed for an unusual reason (SCALER_NOTE); entered maybe from compiled code (COMPILED_NOTE)
 
     def __str__(self) -> str:
         where = f"in module {self.module!r}" + (f" ({self.module_class})" if self.module_class else "") \
