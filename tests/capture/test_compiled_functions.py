@@ -43,16 +43,28 @@ def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(torch.softmax(logits, -1) * 3.0 + logits, y)
 
 
-# compiled once per test process: each tool's run below reuses these (Dynamo's cache), as a
-# training script calls its compiled functions again and again
-_forward = torch.compile(lambda model, x: model(x))
-_compiled_loss = torch.compile(_loss)
+# compiled once per test process, at first use (never at import: on torch 2.1 a torch.compile call
+# breaks every optimizer step hook of the process, and the tests after this module's): each
+# tool's run below reuses them (Dynamo's cache), as a training script calls its compiled
+# functions again and again
+_COMPILED: dict[str, Any] = {}
+
+
+def _compiled_functions() -> tuple[Any, Any]:
+    if not _COMPILED:
+        _COMPILED["forward"] = torch.compile(lambda model, x: model(x))
+        _COMPILED["loss"] = torch.compile(_loss)
+    return _COMPILED["forward"], _COMPILED["loss"]
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _room_for_recompiles() -> Any:
     """Each run compiles its own optimizer's step (Dynamo guards on the optimizer object): past
-    Dynamo's recompile limit (8) it would run eagerly, and a late test would see eager numerics."""
+    Dynamo's recompile limit (8) it would run eagerly, and a late test would see eager numerics.
+    Not on torch 2.1 (its tests here skip; Dynamo is left unloaded there)."""
+    if not MODULE_LEVEL_OK:
+        yield
+        return
     import torch._dynamo
 
     cfg = torch._dynamo.config
@@ -64,6 +76,7 @@ def _room_for_recompiles() -> Any:
 
 
 def _train(tool: Callable[[nn.Module], Any] | None, steps: int = 3) -> list[torch.Tensor]:
+    forward, compiled_loss = _compiled_functions()
     torch.manual_seed(0)
     model = _Net()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -76,7 +89,7 @@ def _train(tool: Callable[[nn.Module], Any] | None, steps: int = 3) -> list[torc
         losses = []
         for _ in range(steps):
             x, y = torch.randn(32, 24, generator=g), torch.randint(0, 10, (32,), generator=g)
-            loss = _compiled_loss(_forward(model, x), y)
+            loss = compiled_loss(forward(model, x), y)
             loss.backward()
             opt_step()
             opt.zero_grad()
