@@ -77,8 +77,9 @@ def eager_hook(fn: Any) -> Any:
     tool's bookkeeping would become graph side effects, or graph breaks with Dynamo's "does not
     know how to trace" warnings. Marked only when Dynamo is loaded already (importing it costs
     seconds; a process that has not loaded it has compiled nothing yet), and not on torch 2.1,
-    whose ``torch._dynamo.disable`` re-wraps every optimizer's ``step()`` for the whole process
-    (Dynamo's ``TorchPatcher``) so that no optimizer step hook fires any more (CI's lowest job)."""
+    where torchparity supports no compiled code (there a ``torch.compile`` call re-wraps every
+    optimizer's ``step()`` for the whole process and no optimizer step hook fires any more;
+    ``disable`` itself does no harm there, checked on 2.1.2)."""
     import sys
 
     disable = getattr(sys.modules.get("torch._dynamo"), "disable", None)
