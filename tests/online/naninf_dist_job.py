@@ -9,21 +9,15 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torchparity
+from torchparity.compare._testing import ddp_mlp
 
 logging.disable(logging.WARNING)
 rank, world, out, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=world)
 for mode in ("host", "device", "light"):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential()
-    model.add_module("fc1", torch.nn.Linear(8, 16))
-    model.add_module("act", torch.nn.Tanh())
-    model.add_module("fc2", torch.nn.Linear(16, 4))
-    ddp = DDP(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    model, ddp, opt = ddp_mlp()
     state = {"step": 0}
     if rank == 1:
         model.fc1.register_forward_hook(lambda m, i, o: o * float("nan") if state["step"] == 1 else None)

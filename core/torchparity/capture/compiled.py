@@ -40,7 +40,8 @@ _OPTIMIZED = _optimized_module_type()
 #: torch 2.1's Dynamo fails on the module-level capture's hooks (they make a tensor while it traces):
 #: there even a module-level dump of a compiled model is refused; from 2.2 on (checked on 2.13) it
 #: runs the compiled code with its own numerics
-MODULE_LEVEL_OK = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 2)
+_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])  # (major, minor)
+MODULE_LEVEL_OK = _TORCH >= (2, 2)
 
 
 #: torchparity.dump(level="aten") captures a compiled model's graphs (compile/in_dump.py) from
@@ -66,7 +67,7 @@ is_compiling = _is_compiling_fn()
 #: asked by Dynamo from torch 2.9 on)? From torch 2.5 (PyTorch #131828) to 2.8 Dynamo skips every
 #: compiled frame while a dispatch mode is on the stack, and nothing a mode says changes that
 DISPATCH_MODE_CAN_OPT_OUT = hasattr(TorchDispatchMode, "ignore_compile_internals")
-_SKIPS_UNDER_MODES = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+_SKIPS_UNDER_MODES = _TORCH >= (2, 5)
 _warned_eager = False
 
 

@@ -4,7 +4,8 @@
 :class:`~torchparity.records.OpRecord` / :class:`~torchparity.records.TensorEntry`;
 :func:`mlp_stack_dump` runs a small residual MLP stack through it, with an optional planted fault,
 an optional extra op and an optional low-precision device dtype; :func:`bulk_stats_dump` writes
-many statistics records fast (for the 100k-record timing test).
+many statistics records fast (for the 100k-record timing test). :func:`gloo_job` runs a test's
+multi-process gloo job (one script per rank), whose ranks build their DDP model with :func:`ddp_mlp`.
 """
 
 from __future__ import annotations
@@ -277,3 +278,20 @@ def gloo_job(script: Any, world: int, new_dir: Callable[[str], Any],
         if good or not any(GLOO_TRANSPORT_FLAKE in e for e in errs):
             break
     return codes, errs, work
+
+
+def ddp_mlp(lr: float = 0.5) -> tuple[Any, Any, Any]:
+    """The model of the tests' gloo DDP jobs (inside a rank of :func:`gloo_job`, after
+    ``init_process_group``): ``fc1`` (Linear 8->16), ``act`` (Tanh), ``fc2`` (Linear 16->4), made
+    from seed 0 on every rank, wrapped in DDP, with SGD at ``lr``. Returns (model, ddp, optimizer)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential()
+    model.add_module("fc1", torch.nn.Linear(8, 16))
+    model.add_module("act", torch.nn.Tanh())
+    model.add_module("fc2", torch.nn.Linear(16, 4))
+    ddp = DistributedDataParallel(model)
+    return model, ddp, torch.optim.SGD(ddp.parameters(), lr=lr)
+
