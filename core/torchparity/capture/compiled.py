@@ -139,6 +139,43 @@ def is_compiled(module: Any) -> bool:
     return _OPTIMIZED is not None and isinstance(module, _OPTIMIZED)
 
 
+def compiled_blocks(model: Any) -> list[tuple[str, Any]]:
+    """The ``torch.compile``'d submodules of an eager ``model`` (blocks compiled one by one, as
+    large training jobs do: ``model.layers[i] = torch.compile(layer)``), outermost only, as
+    ``(module path, compiled module)`` in ``named_modules`` order. Empty for a compiled model
+    itself (:func:`is_compiled`) and for a model without compiled parts."""
+    if _OPTIMIZED is None or model is None or is_compiled(model) or not isinstance(model, torch.nn.Module):
+        return []
+    out: list[tuple[str, Any]] = []
+    for path, m in model.named_modules(remove_duplicate=True):
+        if is_compiled(m) and not any(path.startswith(p + ".") for p, _ in out):
+            out.append((path, m))
+    return out
+
+
+def _blocks_share_graphs() -> bool:
+    """Does Dynamo trace a module's parameters as graph inputs (``inline_inbuilt_nn_modules``,
+    the default from torch 2.5 on, always on in recent releases)? Then every block of one class
+    runs ONE compiled graph, and the dump's capture of compiled blocks compiles each block's code
+    once; without it each block is its own graph and a model with more blocks than Dynamo's
+    recompile limit would run its last blocks eagerly under the capture."""
+    import warnings
+
+    try:
+        import torch._dynamo.config as cfg
+
+        with warnings.catch_warnings():  # deprecated (always True) in recent releases
+            warnings.simplefilter("ignore")
+            return bool(getattr(cfg, "inline_inbuilt_nn_modules", False))
+    except Exception:  # pragma: no cover - torch without Dynamo
+        return False
+
+
+def compiled_blocks_ok() -> bool:
+    """Can ``torchparity.dump(level="aten")`` capture the graphs of a model's compiled blocks here?"""
+    return MODULE_LEVEL_OK and _blocks_share_graphs()
+
+
 #: compiled modules whose compiled graphs a dump captures (compile/in_dump.py): not refused
 _CAPTURED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 

@@ -18,6 +18,7 @@ Another backend is refused with one line (:func:`user_backend`).
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Iterator
 
 import torch
@@ -82,13 +83,67 @@ def _quiet_class(cls: type) -> type:
     return q
 
 
-class CompiledInDump:
-    """The compiled module of one dump: recompiled with the capture, its records handed to the
-    dump's session and writer (statistics computed in the graph; md5/tensor values as extra graph
-    outputs, hashed / saved by the session's own code), one host transfer per step."""
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of a module's output (a tensor, or tuples/lists/dicts/dataclass-like outputs of them)."""
+    from torch.utils._pytree import tree_flatten
 
-    def __init__(self, model: Any, session: Any, writer: Any, what: str) -> None:
-        inner, config = user_backend(model, what)
+    try:
+        leaves = tree_flatten(out)[0]
+    except Exception:  # an output type pytree cannot flatten
+        leaves = list(out.values()) if isinstance(out, dict) else [out]
+    if len(leaves) == 1 and not isinstance(leaves[0], torch.Tensor) and hasattr(leaves[0], "values"):
+        try:  # a ModelOutput-like mapping
+            leaves = list(leaves[0].values())
+        except Exception:
+            pass
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def _compiled_node(fn: Any, depth: int = 3) -> Any:
+    """The compiled graph's autograd node (AOTAutograd's ``CompiledFunctionBackward``) at or a
+    few nodes behind ``fn`` (an output may be a view made after the graph); None if not found."""
+    frontier = [fn]
+    for _ in range(depth):
+        nxt = []
+        for f in frontier:
+            if f is None:
+                continue
+            if "CompiledFunction" in type(f).__name__ or "CompiledFunction" in f.name():
+                return f
+            nxt.extend(g for g, _ in getattr(f, "next_functions", ()))
+        frontier = nxt
+    return None
+
+
+def _block_class(blocks: list[tuple[str, Any]], path: str) -> str | None:
+    """The class name of the compiled block at ``path`` (its records' class when the graph node has none)."""
+    for p, b in blocks:
+        if p == path:
+            return type(getattr(b, "_orig_mod", b)).__name__
+    return None
+
+
+class CompiledInDump:
+    """The compiled modules of one dump: a compiled model, or the compiled blocks of an eager model
+    (:func:`~..capture.compiled.compiled_blocks`), recompiled with one capture, their records
+    handed to the dump's session and writer (statistics computed in the graph; md5/tensor values
+    as extra graph outputs, hashed / saved by the session's own code), one host transfer per step.
+
+    Blocks of one class share one compiled graph (Dynamo traces parameters as inputs), so a
+    graph's records carry module paths relative to the block; the block running it gives the
+    prefix: its forward sets it, and its backward sets it again from a pre-hook on the block's
+    compiled autograd node (:meth:`_tag_backward`)."""
+
+    def __init__(self, model: Any, session: Any, writer: Any, what: str,
+                 blocks: list[tuple[str, Any]] | None = None) -> None:
+        self.blocks = blocks if blocks is not None else [("", model)]
+        inner, config = user_backend(self.blocks[0][1], what)
+        for path, block in self.blocks[1:]:
+            if user_backend(block, what) != (inner, config):
+                raise CompiledModelError(
+                    f"{what} captures compiled blocks compiled alike: {path!r} was compiled with another backend "
+                    f"or other options than {self.blocks[0][0]!r}; compile them alike, or dump at level='module', "
+                    f"see docs/compile.md")
         self.model = model
         self.session = session
         self.writer = writer
@@ -97,8 +152,9 @@ class CompiledInDump:
         self.capture = CompileCapture(None, mode=self.mode, inner=inner, sink=self, inductor_config=config,
                                       device_stats=True if session.options.device_stats else None)
         # built before the dump's global hooks exist: Dynamo then traces forward itself
-        self._compiled = torch.compile(model._orig_mod, backend=self.capture)
-        self._saved_forward: Any = None
+        self._compiled = [torch.compile(block._orig_mod, backend=self.capture) for _, block in self.blocks]
+        self._saved: list[tuple[Any, type]] = []
+        self._prefix = ""  # the module path of the block whose graph runs (collect)
         self._pending: list[tuple[list[Any], list[torch.Tensor]]] = []  # (OpRecords, device values)
         self._depth = 0
         self.records_per_step: list[int] = []
@@ -106,23 +162,48 @@ class CompiledInDump:
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def install(self) -> None:
-        self._saved_forward = self.model.__dict__.get("forward")
-        self.model.forward = self._forward
-        self._saved_class = type(self.model)
-        self.model.__class__ = _quiet_class(self._saved_class)
-        allow_compiled(self.model)
+        for (path, block), compiled in zip(self.blocks, self._compiled):
+            self._saved.append((block.__dict__.get("forward"), type(block)))
+            block.forward = functools.partial(self._forward, compiled, path)
+            block.__class__ = _quiet_class(type(block))
+            allow_compiled(block)
 
     def remove(self) -> None:
-        disallow_compiled(self.model)
-        self.model.__class__ = self._saved_class
-        if self._saved_forward is not None:
-            self.model.forward = self._saved_forward
-        else:
-            self.model.__dict__.pop("forward", None)
+        for (_, block), (forward, cls) in zip(self.blocks, self._saved):
+            disallow_compiled(block)
+            block.__class__ = cls
+            if forward is not None:
+                block.forward = forward
+            else:
+                block.__dict__.pop("forward", None)
+        self._saved = []
 
-    def _forward(self, *args: Any, **kwargs: Any) -> Any:
+    def _forward(self, compiled: Any, path: str, *args: Any, **kwargs: Any) -> Any:
         with self.paused():
-            return self._compiled.forward(*args, **kwargs)
+            prev, self._prefix = self._prefix, path
+            try:
+                out = compiled.forward(*args, **kwargs)
+            finally:
+                self._prefix = prev
+        if path and torch.is_grad_enabled():
+            self._tag_backward(out, path)
+        return out
+
+    def _tag_backward(self, out: Any, path: str) -> None:
+        """Pre-hooks on the compiled autograd nodes behind ``out``'s tensors: when the block's
+        backward graph runs (inside that node), its records get the block's path."""
+        def set_prefix(*_: Any) -> None:
+            self._prefix = path
+
+        seen: set[int] = set()
+        for t in _tensors(out):
+            fn = t.grad_fn
+            if fn is None:
+                continue
+            node = _compiled_node(fn) or fn
+            if id(node) not in seen:
+                seen.add(id(node))
+                node.register_prehook(set_prefix)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -172,15 +253,18 @@ class CompiledInDump:
         names and counters), keep its statistics / values on the device until the step ends."""
         s = self.session
         recs, vals = [], []
+        prefix = self._prefix
+        cls = _block_class(self.blocks, prefix) if prefix else None
         for j, (rec, out) in enumerate(zip(records, outs)):
             short = rec.op.split(".")[1] if rec.op.startswith(("aten.", "prims.")) else rec.op.split(".")[0]
-            if not s.wants(short, rec.op, rec.phase, rec.module):
+            module = (f"{prefix}.{rec.module}" if rec.module else prefix) if prefix else rec.module
+            if not s.wants(short, rec.op, rec.phase, module):
                 continue
             flags = {"compiled": True, "node": rec.node, "node_id": rec.node_id, **rec.extra}
             if rec.source:
                 flags["source"] = rec.source
             r = s.new_record(prefix="Aten", base=short, op=rec.op, level="aten", phase=rec.phase,
-                             module=rec.module, module_class=rec.module_class, flags=flags)
+                             module=module, module_class=rec.module_class or cls, flags=flags)
             if r is None:
                 continue
             shp, st = (shapes[j] if shapes and j in shapes else (rec.shape, rec.stride))

@@ -26,7 +26,8 @@ import torch
 from ..capture import gc_quiet
 from ..capture.api_mode import ApiCaptureMode
 from ..capture.compiled import (COMPILED_DUMP_OK, MODULE_LEVEL_OK, CompiledCallGuard, CompiledModelError,
-                                compiled_functions_note, eager_hook, is_compiled, refuse_compiled)
+                                compiled_blocks, compiled_blocks_ok, compiled_functions_note, eager_hook, is_compiled,
+                                refuse_compiled)
 from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
 from ..capture.module_tracker import ModuleTracker
@@ -119,18 +120,28 @@ class Dumper:
         what = f"torchparity.dump(level={o.level!r})"
         # a compiled model at the aten level: its graphs are captured by the compile backend
         # (compile/in_dump.py); the API level (and torch < 2.2) still refuse it
-        compiled_aten = is_compiled(self.model) and o.levels == {"aten"} and COMPILED_DUMP_OK
-        if is_compiled(self.model) and "api" in o.levels and COMPILED_DUMP_OK:
+        # an eager model whose blocks are compiled one by one: each block's graphs are captured alike
+        blocks = compiled_blocks(self.model) if o.levels & {"aten", "api"} else []
+        compiled_aten = (is_compiled(self.model) or bool(blocks)) and o.levels == {"aten"} and COMPILED_DUMP_OK
+        if (is_compiled(self.model) or blocks) and "api" in o.levels and COMPILED_DUMP_OK:
+            which = f"compiled blocks ({blocks[0][0]!r}, ...)" if blocks else "a torch.compile'd model"
             raise CompiledModelError(
-                f"{what} cannot watch a torch.compile'd model at the API level: it would run the model eagerly and "
-                "change its numerics. Use level='aten' (captures the compiled graphs), the eager model "
-                "(model._orig_mod) or level='module', see docs/compile.md")
+                f"{what} cannot watch {which} at the API level: it would run them eagerly and "
+                "change the numerics. Use level='aten' (captures the compiled graphs), the eager model "
+                "or level='module', see docs/compile.md")
+        if blocks and compiled_aten and not compiled_blocks_ok():
+            raise CompiledModelError(
+                f"{what} captures compiled blocks ({blocks[0][0]!r}, ...) on torch >= 2.5 (Dynamo tracing "
+                f"parameters as graph inputs, torch._dynamo.config.inline_inbuilt_nn_modules), not on torch "
+                f"{torch.__version__}: compile the whole model, dump the eager model, or dump at level='module'; "
+                f"see docs/compile.md")
         if not compiled_aten and ("aten" in o.levels or "api" in o.levels or not MODULE_LEVEL_OK):
             refuse_compiled(self.model, what)  # before anything is written
         if compiled_aten:
             from ..compile.in_dump import user_backend
 
-            user_backend(self.model, what)  # a backend that cannot be wrapped: one line, before anything is written
+            for _, m in blocks or [("", self.model)]:  # a backend that cannot be wrapped: one line, before anything is written
+                user_backend(m, what)
         from .. import __version__
 
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
@@ -144,7 +155,7 @@ class Dumper:
                                  step_header=self._step_header_fn(o, compiled_aten),
                                  summaries=o.summaries)
         tracker = ModuleTracker()
-        root = self.model._orig_mod if compiled_aten else self.model  # names without "_orig_mod."
+        root = self.model._orig_mod if compiled_aten and not blocks else self.model  # names without "_orig_mod."
         if root is not None:
             tracker.add_root(root)
         self.session = CaptureSession(o, self.writer, tracker)
@@ -153,7 +164,7 @@ class Dumper:
             if compiled_aten:  # recompiled with the capture before the dump's global hooks exist
                 from ..compile.in_dump import CompiledInDump
 
-                self._compiled = CompiledInDump(self.model, self.session, self.writer, what)
+                self._compiled = CompiledInDump(self.model, self.session, self.writer, what, blocks=blocks or None)
                 self._compiled.install()
                 stack.callback(self._compiled.remove)
             gc_quiet.hold()  # the collector skips the process's old heap while the dump runs

@@ -1,0 +1,140 @@
+"""torchparity.dump(model, level="aten") on an eager model whose blocks are compiled one by one
+(``model.blocks[i] = torch.compile(block)``, as large training jobs do): each block's graphs are
+captured with the block's module path, forward and backward; the numerics stay the compiled run's
+(docs/compile.md, "Compiled blocks")."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchparity
+from torchparity.capture import compiled as compiled_mod
+from torchparity.capture.compiled import COMPILED_DUMP_OK, CompiledModelError, compiled_blocks
+
+pytestmark = pytest.mark.skipif(not COMPILED_DUMP_OK or not compiled_mod.compiled_blocks_ok(),
+                                reason="compiled blocks are captured from torch 2.5 on (the dump refuses them before)")
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.ln, self.act = nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.ln(self.fc(x)))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def _net(compiled: bool, backend: str = "aot_eager", fault: str | None = None) -> Net:
+    torch.manual_seed(0)
+    m = Net()
+    if fault is not None:  # a x1.05 forward hook, traced into the block's graph
+        m.get_submodule(fault).register_forward_hook(lambda mod, a, o: o * 1.05)
+    if compiled:
+        for i, b in enumerate(m.blocks):
+            m.blocks[i] = torch.compile(b, backend=backend)
+    return m
+
+
+def _train(m: Net, out=None, steps: int = 3, level: str = "aten") -> list[torch.Tensor]:
+    torch._dynamo.reset()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(4, 4, generator=torch.Generator().manual_seed(2))
+    d = torchparity.dump(out, model=m, level=level).start() if out is not None else None
+    losses = []
+    try:
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = ((m(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+    finally:
+        if d is not None:
+            d.stop()
+    return losses + [p.detach().clone() for p in m.parameters()]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_compiled_blocks_are_found_outermost_first():
+    m = _net(True)
+    assert [p for p, _ in compiled_blocks(m)] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert compiled_blocks(_net(False)) == []
+    assert compiled_blocks(torch.compile(_net(False), backend="aot_eager")) == []  # a compiled model: not blocks
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_each_blocks_graphs_are_captured_with_its_path_and_the_numerics_stay_compiled(tmp_path, backend):
+    plain = _train(_net(True, backend))
+    m = _net(True, backend)
+    with_tool = _train(m, tmp_path / "d")
+    assert _same(plain, with_tool)  # bitwise: the compiled run's numerics, not an eager run's
+    assert all(type(b).__name__ == "OptimizedModule" for b in m.blocks)  # the blocks are given back as they were
+    assert not any(isinstance(b.__dict__.get("forward"), functools.partial) for b in m.blocks)  # our wrapper gone
+    recs = [json.loads(line) for line in (tmp_path / "d" / "step1" / "rank0" / "records.jsonl").open()]
+    compiled = [r for r in recs if (r.get("flags") or {}).get("compiled")]
+    for phase in ("forward", "backward"):
+        mods = {r["module"] for r in compiled if r["phase"] == phase}
+        # each block's own records (a graph shared by the blocks gets the running block's path)
+        assert {m for m in mods if m.endswith(".fc")} == {f"blocks.{i}.fc" for i in range(3)}, (phase, mods)
+        assert not any("_orig_mod" in m for m in mods)
+    eager = [r for r in recs if not (r.get("flags") or {}).get("compiled")]
+    assert any(r["module"] == "head" and r["phase"] == "forward" for r in eager)  # the eager ops around them
+    assert not any(r["module"].startswith("blocks.") and r["phase"] == "forward" for r in eager)
+    header = json.loads((tmp_path / "d" / "step1" / "rank0" / "header.json").read_text())
+    assert header["compile"]["graphs"]["forward"] >= 1
+
+
+def test_compiled_blocks_compare_clean_against_eager_and_a_planted_fault_is_named_in_its_block(tmp_path):
+    _train(_net(False), tmp_path / "eager")
+    _train(_net(True), tmp_path / "blocks")
+    clean = torchparity.compare(str(tmp_path / "eager"), str(tmp_path / "blocks"))
+    assert clean.root_cause is None and not clean.summary.get("n_error")
+    assert clean.summary.get("n_pass", 0) > 50  # the blocks' values were compared, not left one-sided
+    _train(_net(True, fault="blocks.1.ln"), tmp_path / "fault")
+    rc = torchparity.compare(str(tmp_path / "eager"), str(tmp_path / "fault")).root_cause
+    assert rc is not None and rc.step == 0 and rc.module.startswith("blocks.1"), rc
+
+
+def test_api_level_refuses_compiled_blocks_at_start(tmp_path):
+    with pytest.raises(CompiledModelError, match=r"compiled blocks \('blocks.0'"):
+        torchparity.dump(tmp_path / "d", model=_net(True), level="api").start()
+    assert not list(tmp_path.rglob("records.jsonl"))  # refused before anything is captured
+
+
+def test_blocks_compiled_differently_are_refused_in_one_line(tmp_path):
+    m = _net(False)
+    m.blocks[0] = torch.compile(m.blocks[0], backend="aot_eager")
+    m.blocks[1] = torch.compile(m.blocks[1], backend="inductor")
+    with pytest.raises(CompiledModelError, match="compiled alike"):
+        torchparity.dump(tmp_path / "d", model=m, level="aten").start()
+
+
+def test_without_shared_block_graphs_the_dump_refuses_compiled_blocks(tmp_path, monkeypatch):
+    # torch 2.2-2.4 (parameters not graph inputs): one graph per block, past Dynamo's recompile
+    # limit the last blocks would run eagerly under the capture, so the dump says it cannot
+    dump_api = importlib.import_module("torchparity.dump.api")
+    monkeypatch.setattr(dump_api, "compiled_blocks_ok", lambda: False)
+    with pytest.raises(CompiledModelError, match="torch >= 2.5"):
+        torchparity.dump(tmp_path / "d", model=_net(True), level="aten").start()
