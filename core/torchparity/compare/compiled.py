@@ -38,6 +38,13 @@ CONSTANTS = frozenset(f"aten.{op}.{ov}" for op in ("scalar_tensor", "full", "zer
                       for ov in ("default", "start", "start_step", "names", "memory_format", "out"))
 
 
+#: ops a compiled graph records under another name than eager runs them (AOTAutograd's functional
+#: batch norm: the running statistics are outputs, not written in place); output 0 is the same value
+OP_ALIASES = {f"aten.{op}.default": "aten.native_batch_norm.default"
+              for op in ("_native_batch_norm_legit_functional", "_native_batch_norm_legit",
+                         "_native_batch_norm_legit_no_training")}
+
+
 def is_compiled(header: Mapping[str, Any] | None) -> bool:
     """Whether a step header is a compiled capture's (it carries a ``compile`` object)."""
     return isinstance(header, Mapping) and isinstance(header.get("compile"), Mapping)
@@ -151,11 +158,11 @@ def match_compiled(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | 
     sd, sb = _output_shapes(dev_rows), _output_shapes(bench_rows)
     vd, vb = _output_values(dev_rows), _output_values(bench_rows)
     gb: dict[tuple[Any, ...], list[int]] = {}
-    for rid, *key in zip(b["record_id"].tolist(), b["phase"].tolist(), b["mkey"].tolist(), b["op"].tolist()):
-        gb.setdefault(tuple(key), []).append(rid)
+    for rid, ph, mk, op in zip(b["record_id"].tolist(), b["phase"].tolist(), b["mkey"].tolist(), b["op"].tolist()):
+        gb.setdefault((ph, mk, OP_ALIASES.get(op, op)), []).append(rid)
     gd: dict[tuple[Any, ...], list[int]] = {}
-    for rid, *key in zip(d["record_id"].tolist(), d["phase"].tolist(), d["mkey"].tolist(), d["op"].tolist()):
-        gd.setdefault(tuple(key), []).append(rid)
+    for rid, ph, mk, op in zip(d["record_id"].tolist(), d["phase"].tolist(), d["mkey"].tolist(), d["op"].tolist()):
+        gd.setdefault((ph, mk, OP_ALIASES.get(op, op)), []).append(rid)
     got: list[tuple[int, int]] = []
     for key, ids_d in gd.items():
         ids_b = gb.get(key)
