@@ -133,6 +133,10 @@ AGG_FLOOR_FRACTION_MATMUL = 0.05
 #: do not average out. Calibrated on the zoo (clean max vs x1.05 faults).
 AGG_FROM_EXT = 0.25
 
+#: ops raising each element to a power above 1: the norm of their output weighs the largest elements
+#: most, so an elementwise input error reaches it up to twice (x**2) where a plain op passes a share
+POWER_STEMS = frozenset({"pow", "square"})
+
 #: an output of a backward op whose norm is below this fraction of the op's largest output is ~0
 #: by cancellation (a bias gradient a softmax or a BatchNorm makes vanish): judged against that
 #: largest output, not against itself

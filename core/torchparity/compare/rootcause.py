@@ -202,8 +202,10 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     # other input, whose errors no longer cancel in its norm and mean (softmax rows that summed to
     # 1): its aggregate channel is not scored, its extreme channel is (a fault scales the kept values)
     masked = masks.mask_products(rows, dev, r, is_in, recs, fam)
-    if "phase" in recs:  # every optimizer update divides by a data-dependent denominator
-        fam = np.where((recs["phase"].to_numpy(dtype=object) == "optimizer") & (fam != "cast"), "ill_conditioned", fam)
+    powers = error_model.stems_in(recs["op"].to_numpy(dtype=object), error_model.POWER_STEMS)
+    opt_phase = (recs["phase"].to_numpy(dtype=object) == "optimizer") if "phase" in recs else np.zeros(len(rec_ids), bool)
+    # every optimizer update divides by a data-dependent denominator
+    fam = np.where(opt_phase & (fam != "cast"), "ill_conditioned", fam)
     nf_out = (r.assign(nf=rows["nonfinite_mismatch"].fillna(False).to_numpy(dtype=bool)[dev])[is_out]
               .groupby("rid")["nf"].any().reindex(rec_ids).fillna(False).to_numpy(dtype=bool)
               if "nonfinite_mismatch" in rows else np.zeros(len(rec_ids), dtype=bool))
@@ -291,6 +293,8 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # reach sqrt(m) ||input|| / ||bias grad|| times the input's (grad_sinks.sum_allowance)
         a_den = np.where(summed > 1.0, np.fmax(a_den, np.nan_to_num(i_err, nan=0.0) * summed), a_den)
         a_den = np.fmax(a_den, hidden * hidden_flips.HIDDEN_TO_NORM)
+        # a power (RMSNorm's x**2): its norm may carry twice the inputs' largest elementwise error
+        a_den = np.where(powers, np.fmax(a_den, 2.0 * np.nan_to_num(i_el, nan=0.0)), a_den)
         s_agg = np.where(np.isinf(o_agg) & np.isinf(a_den), np.nan, o_agg / a_den)
         red_led = np.zeros(len(rec_ids), dtype=bool)
         if red_row.any():  # a sum: against its inputs' whole error vector
@@ -309,6 +313,9 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         # (where the aggregate channel is known: tensor mode has one full-tensor error, judged as before)
         s_ext = np.where(cancelling & np.isfinite(o_ext) & ~np.isnan(o_agg), np.nan, s_ext)
         s_agg = np.where(masked & np.isfinite(s_ext), np.nan, s_agg)
+        # an optimizer update is elementwise, its norm weighs elements otherwise than its inputs'
+        # (exp_avg_sq's g*g: 8x in norm, 2x per element): judged on the extreme channel
+        s_agg = np.where(opt_phase & np.isfinite(s_ext), np.nan, s_agg)
         score = np.fmax(s_agg, s_ext)
         score = np.where(np.isnan(score) & np.isinf(o_err), plain, score)
         # selection, ill-conditioned and cast ops: judged only when their inputs agree (fp32 noise)
