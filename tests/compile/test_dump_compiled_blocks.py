@@ -138,3 +138,15 @@ def test_without_shared_block_graphs_the_dump_refuses_compiled_blocks(tmp_path, 
     monkeypatch.setattr(dump_api, "compiled_blocks_ok", lambda: False)
     with pytest.raises(CompiledModelError, match="torch >= 2.5"):
         torchparity.dump(tmp_path / "d", model=_net(True), level="aten").start()
+
+
+def test_the_nan_tracker_refuses_compiled_blocks_at_start_and_the_dump_finds_the_first_nan(tmp_path):
+    m = _net(True)
+    with pytest.raises(CompiledModelError, match=r"blocks are torch.compile'd \('blocks.0', 'blocks.1' and 1 more\)"):
+        torchparity.NanInfTracker(m).__enter__()
+    with torch.no_grad():
+        m.blocks[1]._orig_mod.fc.bias[0] = float("nan")  # a NaN made inside the second block's graph
+    _train(m, tmp_path / "d", steps=1)
+    df = torchparity.load_dump(tmp_path / "d")
+    out = df[(df["io"] == "output") & (df["nan"] > 0)].sort_values(["step", "record_id"])
+    assert out.iloc[0]["module"] == "blocks.1.fc" and out.iloc[0]["phase"] == "forward"

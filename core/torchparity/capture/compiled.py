@@ -205,9 +205,17 @@ def refusal(what: str, hint: str = "") -> CompiledModelError:
 
 
 def refuse_compiled(model: Any, what: str, hint: str = "") -> None:
-    """Raise :func:`refusal` when ``model`` is compiled."""
+    """Raise :func:`refusal` when ``model`` is compiled or holds compiled blocks
+    (:func:`compiled_blocks`: named in the message, before anything runs)."""
     if is_compiled(model):
         raise refusal(what, hint)
+    blocks = compiled_blocks(model)
+    if blocks:
+        names = ", ".join(repr(p) for p, _ in blocks[:2]) + (f" and {len(blocks) - 2} more" if len(blocks) > 2 else "")
+        graphs = f" {hint};" if hint and COMPILED_DUMP_OK else ""
+        raise CompiledModelError(
+            f"{what} cannot watch a model whose blocks are torch.compile'd ({names}): it would run them eagerly "
+            f"and change the numerics. Use it on the model without torch.compile,{graphs} see docs/compile.md")
 
 
 class CompiledCallGuard:

@@ -135,8 +135,8 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpCo
     #: what a refusal offers instead: the dump of the compiled graphs counts NaN/Inf in every captured
     #: value, so it answers the tracker's first question in the compiled run itself (docs/compile.md)
     compiled_hint = ("to find the first NaN in the compiled run itself: torchparity.dump(DIR, "
-                     "model=compiled_model, level='aten'), then torchparity query DIR \"SELECT * FROM tensors "
-                     "WHERE io='output' AND nan > 0 ORDER BY step, record_id LIMIT 1\"")
+                     "model=model, level='aten') (a compiled model, or one with compiled blocks), then torchparity "
+                     "query DIR \"SELECT * FROM tensors WHERE io='output' AND nan > 0 ORDER BY step, record_id LIMIT 1\"")
 
     layer = LAYER_OBSERVER
     needs_modules = True
