@@ -57,6 +57,19 @@ def user_backend(model: Any, what: str) -> tuple[str, dict[str, Any]]:
     return inner, dict(config) if isinstance(config, dict) else {}
 
 
+def blocks_backend(blocks: list[tuple[str, Any]], what: str) -> tuple[str, dict[str, Any]]:
+    """:func:`user_backend` of compiled modules captured together (a model's compiled blocks: one
+    capture, so one inner compiler); :class:`CompiledModelError` (one line) when they differ."""
+    inner, config = user_backend(blocks[0][1], what)
+    for path, block in blocks[1:]:
+        if user_backend(block, what) != (inner, config):
+            raise CompiledModelError(
+                f"{what} captures compiled blocks compiled alike: {path!r} was compiled with another backend "
+                f"or other options than {blocks[0][0]!r}; compile them alike, or dump at level='module', "
+                f"see docs/compile.md")
+    return inner, config
+
+
 def _is_ours(hook: Any) -> bool:
     """Is this global module hook torchparity's own (the module tracker's, the compiled-call guard)?"""
     f = getattr(hook, "func", hook)  # functools.partial
@@ -137,13 +150,7 @@ class CompiledInDump:
     def __init__(self, model: Any, session: Any, writer: Any, what: str,
                  blocks: list[tuple[str, Any]] | None = None) -> None:
         self.blocks = blocks if blocks is not None else [("", model)]
-        inner, config = user_backend(self.blocks[0][1], what)
-        for path, block in self.blocks[1:]:
-            if user_backend(block, what) != (inner, config):
-                raise CompiledModelError(
-                    f"{what} captures compiled blocks compiled alike: {path!r} was compiled with another backend "
-                    f"or other options than {self.blocks[0][0]!r}; compile them alike, or dump at level='module', "
-                    f"see docs/compile.md")
+        inner, config = blocks_backend(self.blocks, what)
         self.model = model
         self.session = session
         self.writer = writer

@@ -138,10 +138,9 @@ class Dumper:
         if not compiled_aten and ("aten" in o.levels or "api" in o.levels or not MODULE_LEVEL_OK):
             refuse_compiled(self.model, what)  # before anything is written
         if compiled_aten:
-            from ..compile.in_dump import user_backend
+            from ..compile.in_dump import blocks_backend
 
-            for _, m in blocks or [("", self.model)]:  # a backend that cannot be wrapped: one line, before anything is written
-                user_backend(m, what)
+            blocks_backend(blocks or [("", self.model)], what)  # a backend that cannot be wrapped: one line, before anything is written
         from .. import __version__
 
         header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "tool_version": __version__,
