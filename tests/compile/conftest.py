@@ -27,3 +27,28 @@ def train_compiled(model: torch.nn.Module, backend: Any, steps: int,
     if hasattr(backend, "close"):
         backend.close()
     return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def sgd_in_dump(model: torch.nn.Module, run: Any, out: Any = None, steps: int = 3,
+                **dump_kwargs: Any) -> list[torch.Tensor]:
+    """``steps`` SGD steps of ``run`` (``model``, compiled or with compiled parts) on a fixed 4x8
+    batch against 4x4 targets, inside ``torchparity.dump(out, model=run, level="aten",
+    **dump_kwargs)`` unless ``out`` is None. Returns the losses and the parameters after, detached."""
+    import torchparity
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(4, 4, generator=torch.Generator().manual_seed(2))
+    d = torchparity.dump(out, model=run, **{"level": "aten", **dump_kwargs}).start() if out is not None else None
+    losses = []
+    try:
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = ((run(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+    finally:
+        if d is not None:
+            d.stop()
+    return losses + [p.detach().clone() for p in model.parameters()]

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import torchparity
+from tests.compile.conftest import sgd_in_dump
 from torchparity.capture.compiled import COMPILED_DUMP_OK, CompiledModelError
 
 pytestmark = pytest.mark.skipif(not COMPILED_DUMP_OK, reason="torch 2.1: a compiled model is refused by the dump "
@@ -28,24 +29,8 @@ class Small(nn.Module):
 def _train(backend, out=None, steps: int = 3, mode: str = "statistics", compiled: bool = True):
     torch.manual_seed(0)
     m = Small()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
     torch._dynamo.reset()
-    run = torch.compile(m, backend=backend) if compiled else m
-    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
-    y = torch.randn(4, 4, generator=torch.Generator().manual_seed(2))
-    d = torchparity.dump(out, model=run, level="aten", mode=mode).start() if out is not None else None
-    losses = []
-    try:
-        for _ in range(steps):
-            opt.zero_grad()
-            loss = ((run(x) - y) ** 2).mean()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach().clone())
-    finally:
-        if d is not None:
-            d.stop()
-    return losses + [p.detach().clone() for p in m.parameters()]
+    return sgd_in_dump(m, torch.compile(m, backend=backend) if compiled else m, out, steps, mode=mode)
 
 
 def _same(a, b) -> bool:

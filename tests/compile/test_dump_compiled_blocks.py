@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 import torchparity
+from tests.compile.conftest import sgd_in_dump
 from torchparity.capture import compiled as compiled_mod
 from torchparity.capture.compiled import COMPILED_DUMP_OK, CompiledModelError, compiled_blocks
 
@@ -55,22 +56,7 @@ def _net(compiled: bool, backend: str = "aot_eager", fault: str | None = None) -
 
 def _train(m: Net, out=None, steps: int = 3, level: str = "aten") -> list[torch.Tensor]:
     torch._dynamo.reset()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
-    y = torch.randn(4, 4, generator=torch.Generator().manual_seed(2))
-    d = torchparity.dump(out, model=m, level=level).start() if out is not None else None
-    losses = []
-    try:
-        for _ in range(steps):
-            opt.zero_grad()
-            loss = ((m(x) - y) ** 2).mean()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach().clone())
-    finally:
-        if d is not None:
-            d.stop()
-    return losses + [p.detach().clone() for p in m.parameters()]
+    return sgd_in_dump(m, m, out, steps, level=level)
 
 
 def _same(a, b) -> bool:
