@@ -98,6 +98,10 @@ def test_compiled_blocks_compare_clean_against_eager_and_a_planted_fault_is_name
     clean = torchparity.compare(str(tmp_path / "eager"), str(tmp_path / "blocks"))
     assert clean.root_cause is None and not clean.summary.get("n_error")
     assert clean.summary.get("n_pass", 0) > 50  # the blocks' values were compared, not left one-sided
+    # either way round: which dump is compiled is read from the step headers (a compiled dump has
+    # eager records with inputs too: compared as the device dump, its records got no inputs)
+    back = torchparity.compare(str(tmp_path / "blocks"), str(tmp_path / "eager"))
+    assert back.summary["n_compared"] == clean.summary["n_compared"] and back.root_cause is None
     _train(_net(True, fault="blocks.1.ln"), tmp_path / "fault")
     rc = torchparity.compare(str(tmp_path / "eager"), str(tmp_path / "fault")).root_cause
     assert rc is not None and rc.step == 0 and rc.module.startswith("blocks.1"), rc

@@ -373,8 +373,11 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
         occ = [compiled.occurrences(read_unit(r.unit(step, rank), [], compact=False)) if compiled.is_compiled(r.header(step, rank))
                else {} for r in (dr, br)]
         pairs = compiled.match_compiled(d, b, mapping, occ[0], occ[1])
-        reads_inputs = compiled.reads_graph_inputs(d, b, pairs)
-        d, b = compiled.add_inputs(d, b, pairs)
+        # which side is compiled, by the headers (both: the rows tell; a compiled dump has eager records too)
+        one = compiled.is_compiled(dr.header(step, rank)) != compiled.is_compiled(br.header(step, rank))
+        dev_c = compiled.is_compiled(dr.header(step, rank)) if one else None
+        reads_inputs = compiled.reads_graph_inputs(d, b, pairs, dev_c)
+        d, b = compiled.add_inputs(d, b, pairs, dev_c)
         info["compiled"] = True
     else:
         pairs = matching.match_records(d, b, mapping)

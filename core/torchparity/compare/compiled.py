@@ -191,7 +191,15 @@ _TENSOR_COLS = ("kind", "dtype", "shape", "requires_grad", "max", "min", "mean",
                 "value", "tensor", "compute_dtype")
 
 
-def add_inputs(dev_rows: Any, bench_rows: Any, pairs: Any) -> tuple[Any, Any]:
+def _dev_is_compiled(dev_rows: Any, bench_rows: Any, dev_compiled: bool | None) -> bool:
+    """Which side is the compiled capture: told by the step headers (``dev_compiled``); when both
+    or neither are, the side without input rows (a compiled graph's records have outputs only)."""
+    if dev_compiled is not None:
+        return dev_compiled
+    return not (dev_rows["io"] == "input").any() and (bench_rows["io"] == "input").any()
+
+
+def add_inputs(dev_rows: Any, bench_rows: Any, pairs: Any, dev_compiled: bool | None = None) -> tuple[Any, Any]:
     """Give the compiled side's paired records the input rows of their eager counterparts.
 
     A compiled record has its output only. An eager op's input that is its producer's output 0,
@@ -202,7 +210,7 @@ def add_inputs(dev_rows: Any, bench_rows: Any, pairs: Any) -> tuple[Any, Any]:
     eager side only (unmatched rows)."""
     import pandas as pd
 
-    dev_is_compiled = not (dev_rows["io"] == "input").any() and (bench_rows["io"] == "input").any()
+    dev_is_compiled = _dev_is_compiled(dev_rows, bench_rows, dev_compiled)
     eager, comp = (bench_rows, dev_rows) if dev_is_compiled else (dev_rows, bench_rows)
     p = pairs[(pairs["dev_rid"] >= 0) & (pairs["bench_rid"] >= 0)]
     e2c = dict(zip(p["bench_rid"].tolist(), p["dev_rid"].tolist())) if dev_is_compiled else \
@@ -331,13 +339,13 @@ def random_mismatch(headers: list[tuple[Mapping[str, Any] | None, Mapping[str, A
     return None
 
 
-def reads_graph_inputs(dev_rows: Any, bench_rows: Any, pairs: Any) -> set[int]:
+def reads_graph_inputs(dev_rows: Any, bench_rows: Any, pairs: Any, dev_compiled: bool | None = None) -> set[int]:
     """Device record ids of paired records whose eager counterpart reads a tensor made outside
     the captured ops (no producer: a parameter, a buffer, optimizer state, the batch). On the
     compiled side such a tensor is a graph input and is not captured, so the pair's input error
     is not known in full: after a trained step (parameters drifted apart by Adam's +-lr on
     gradients ~0 on both sides) the op reading it must not be blamed for that difference."""
-    dev_is_compiled = not (dev_rows["io"] == "input").any() and (bench_rows["io"] == "input").any()
+    dev_is_compiled = _dev_is_compiled(dev_rows, bench_rows, dev_compiled)
     eager = bench_rows if dev_is_compiled else dev_rows
     if "producer" not in eager.columns:
         return set()
