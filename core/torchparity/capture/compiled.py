@@ -176,6 +176,48 @@ def compiled_blocks_ok() -> bool:
     return MODULE_LEVEL_OK and _blocks_share_graphs()
 
 
+#: torch >= 2.9: a compiled module called under the op stream's dispatch mode runs compiled (the mode
+#: opts out of Dynamo's frame skip, as for compiled functions). A consumer that can work with what it
+#: then sees of the module (``OpConsumer.sees_compiled_modules``: its outputs, and the kernels its
+#: graph calls through the dispatcher) lets it run; the others refuse it (the emulated device would not
+#: emulate it, online compare could not compare inside it)
+COMPILED_MODULES_RUN = DISPATCH_MODE_CAN_OPT_OUT
+
+_QUIET: dict[type, type] = {}
+
+
+def quiet_class(cls: type) -> type:
+    """``cls`` (Dynamo's OptimizedModule) without its warning about global module hooks: the
+    tools' own hooks return at once while Dynamo traces (:data:`is_compiling`), or are set aside
+    while the compiled module runs (a dump capturing its graphs), so the warning is not true."""
+    q = _QUIET.get(cls)
+    if q is None:
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+                return cls.__call__(self, *args, **kwargs)
+
+        q = _QUIET[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
+    return q
+
+
+def quiet_compiled(model: Any) -> list[tuple[Any, type]]:
+    """Give ``model`` (if compiled) and its compiled blocks :func:`quiet_class`; returns what
+    :func:`restore_classes` puts back."""
+    mods = ([model] if is_compiled(model) else []) + [m for _, m in compiled_blocks(model)]
+    saved = [(m, type(m)) for m in mods if type(m) not in _QUIET.values()]
+    for m, cls in saved:
+        m.__class__ = quiet_class(cls)
+    return saved
+
+
+def restore_classes(saved: list[tuple[Any, type]]) -> None:
+    for m, cls in saved:
+        m.__class__ = cls
+
+
 #: compiled modules whose compiled graphs a dump captures (compile/in_dump.py): not refused
 _CAPTURED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
@@ -222,8 +264,9 @@ class CompiledCallGuard:
     """While installed, calling a compiled module raises :func:`refusal` (one global forward
     pre-hook: a type check per module call)."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, allowed: Any = None) -> None:
         self.what = what
+        self._allowed = allowed  # () -> bool: may compiled modules run now (COMPILED_MODULES_RUN)?
         self._handle: Any = None
 
     def install(self) -> None:
@@ -238,5 +281,6 @@ class CompiledCallGuard:
     def _check(self, module: Any, args: Any) -> None:
         if is_compiling():  # a module inside a compiled function, traced by Dynamo: not a call
             return
-        if (type(module) is _OPTIMIZED or is_compiled(module)) and module not in _CAPTURED:
+        if (type(module) is _OPTIMIZED or is_compiled(module)) and module not in _CAPTURED and \
+                not (self._allowed is not None and self._allowed()):
             raise refusal(self.what)

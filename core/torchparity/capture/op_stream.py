@@ -44,7 +44,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import gc_quiet
 from .mode_stacks import insert_back
-from .compiled import CompiledCallGuard, eager_hook, refuse_compiled, warn_if_compiled_functions_run_eagerly
+from .compiled import (COMPILED_MODULES_RUN, CompiledCallGuard, eager_hook, quiet_compiled, refuse_compiled,
+                       restore_classes, warn_if_compiled_functions_run_eagerly)
 from . import ops as opinfo
 from .module_tracker import Frame, ModuleTracker, _graph_task_id, in_backward, tag_graph
 from .tool_state import _tool_state, tool_is_busy  # noqa: F401 (tool_is_busy re-exported)
@@ -144,6 +145,9 @@ class OpConsumer:
     layer: int = LAYER_OBSERVER
     #: set to True to have the stream track modules (``OpCall.where()``); costs module hooks
     needs_modules: bool = False
+    #: set to True if torch.compile'd modules may run compiled under this consumer (torch >= 2.9),
+    #: seen as their outputs and the kernels they call through the dispatcher (capture/compiled.py)
+    sees_compiled_modules: bool = False
 
     def on_op(self, call: OpCall, args: tuple, kwargs: dict, run: Callable[..., Any]) -> Any:
         """Handle one op: return ``run(*args, **kwargs)`` (the rest of the chain and the kernel),
@@ -237,7 +241,8 @@ class OpStream:
         self._walked: dict[int, tuple[Any, list[Any]]] = {}  # tag_graph's per-call walks (its ``walked``)
         #: interceptions so far (what the counting bench reads)
         self.intercepted = 0
-        self._compiled_guard = CompiledCallGuard(_STREAM_TOOLS)
+        self._compiled_guard = CompiledCallGuard(_STREAM_TOOLS, allowed=self._compiled_modules_run)
+        self._quieted: list[Any] = []  # compiled modules given quiet_class, put back at _stop
 
     # ---- consumers ---------------------------------------------------------------------------
     @property
@@ -250,8 +255,11 @@ class OpStream:
         with self._lock:
             if consumer in self._consumers:
                 return
-            refuse_compiled(model, getattr(consumer, "tool_name", _STREAM_TOOLS),
-                            getattr(consumer, "compiled_hint", ""))
+            if not (COMPILED_MODULES_RUN and consumer.sees_compiled_modules):
+                refuse_compiled(model, getattr(consumer, "tool_name", _STREAM_TOOLS),
+                                getattr(consumer, "compiled_hint", ""))
+            elif model is not None:
+                self._quieted += quiet_compiled(model)
             self._consumers.append(consumer)
             self._chain = tuple(sorted(self._consumers, key=lambda c: c.layer))  # stable: attach order
             if model is not None and not any(r is model for r in self._roots):
@@ -283,6 +291,10 @@ class OpStream:
                     self._walked.clear()
                 if not self._consumers:
                     self._stop()
+
+    def _compiled_modules_run(self) -> bool:
+        """May a compiled module run compiled now (every consumer sees it as it is)?"""
+        return COMPILED_MODULES_RUN and all(c.sees_compiled_modules for c in self._consumers)
 
     def emulation(self) -> OpConsumer | None:
         """The innermost attached consumer that emulates a device (``torchparity_emulated``), if
@@ -326,6 +338,8 @@ class OpStream:
     def _stop(self) -> None:
         gc_quiet.release()
         self._compiled_guard.remove()
+        restore_classes(self._quieted)
+        self._quieted = []
         for h in self._hooks:
             h.remove()
         self._hooks = []

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 
 from ..capture.batch import Batch
-from ..capture.compiled import CompiledModelError, allow_compiled, disallow_compiled
+from ..capture.compiled import CompiledModelError, allow_compiled, disallow_compiled, quiet_class
 from ..capture.ranks import current_rank
 from ..records import op_record, tensor_entry  # noqa: F401 - tensor_entry used below
 from .backend import CompileCapture
@@ -75,25 +75,6 @@ def _is_ours(hook: Any) -> bool:
     f = getattr(hook, "func", hook)  # functools.partial
     f = getattr(f, "__func__", f)  # bound method
     return str(getattr(f, "__module__", "") or "").startswith("torchparity")
-
-
-_QUIET: dict[type, type] = {}
-
-
-def _quiet_class(cls: type) -> type:
-    """``cls`` (Dynamo's OptimizedModule) without its warning about global module hooks: the
-    dump's own hooks are set aside while the compiled module runs, so the warning is not true."""
-    q = _QUIET.get(cls)
-    if q is None:
-        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-                return cls.__call__(self, *args, **kwargs)
-
-        q = _QUIET[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
-    return q
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
@@ -172,7 +153,7 @@ class CompiledInDump:
         for (path, block), compiled in zip(self.blocks, self._compiled):
             self._saved.append((block.__dict__.get("forward"), type(block)))
             block.forward = functools.partial(self._forward, compiled, path)
-            block.__class__ = _quiet_class(type(block))
+            block.__class__ = quiet_class(type(block))
             allow_compiled(block)
 
     def remove(self) -> None:

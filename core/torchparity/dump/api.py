@@ -124,11 +124,11 @@ class Dumper:
         blocks = compiled_blocks(self.model) if o.levels & {"aten", "api"} else []
         compiled_aten = (is_compiled(self.model) or bool(blocks)) and o.levels == {"aten"} and COMPILED_DUMP_OK
         if (is_compiled(self.model) or blocks) and "api" in o.levels and COMPILED_DUMP_OK:
-            which = f"compiled blocks ({blocks[0][0]!r}, ...)" if blocks else "a torch.compile'd model"
+            which, eager = ((f"compiled blocks ({blocks[0][0]!r}, ...)", "the model without torch.compile") if blocks
+                            else ("a torch.compile'd model", "the eager model (model._orig_mod)"))
             raise CompiledModelError(
-                f"{what} cannot watch {which} at the API level: it would run them eagerly and "
-                "change the numerics. Use level='aten' (captures the compiled graphs), the eager model "
-                "or level='module', see docs/compile.md")
+                f"{what} cannot watch {which} at the API level: it would run it eagerly and change its numerics. "
+                f"Use level='aten' (captures the compiled graphs), {eager} or level='module', see docs/compile.md")
         if blocks and compiled_aten and not compiled_blocks_ok():
             raise CompiledModelError(
                 f"{what} captures compiled blocks ({blocks[0][0]!r}, ...) on torch >= 2.5 (Dynamo tracing "

@@ -140,6 +140,9 @@ class NanInfTracker(OpChecks, SiteJudge, ScreenMemo, DeviceFold, LightTier, OpCo
 
     layer = LAYER_OBSERVER
     needs_modules = True
+    #: compiled modules run compiled (torch >= 2.9): a NaN made inside one is told as entered, at its
+    #: first tracked reader or at the module's output (a light step), with COMPILED_NOTE
+    sees_compiled_modules = True
     #: end this tracker's step when the stream's step ends on ``optimizer.step()`` (False: only
     #: :meth:`step` does; op names still restart at every stream step)
     steps_on_optimizer = True

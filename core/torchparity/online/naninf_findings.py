@@ -16,8 +16,9 @@ SCALER_NOTE = "absorbed by the loss scaler: a GradScaler checked these gradients
 #: where an entered NaN/Inf may come from once torch.compile'd code has run in the process
 #: (``NanInfFinding.note``; docs/compile.md)
 COMPILED_NOTE = ("torch.compile'd code has run in this process: the NaN/Inf may have been made inside a compiled "
-                 "function's fused kernels, which the tracker does not see (run that function uncompiled, or dump it "
-                 "with torchparity.compile_backend, to name the op)")
+                 "function's or module's fused kernels, which the tracker does not see (to name the op: "
+                 "torchparity.dump(DIR, model=model, level='aten') captures compiled models' and compiled blocks' "
+                 "graphs; or run that code uncompiled)")
 
 
 class NonFiniteError(TorchparityError):
