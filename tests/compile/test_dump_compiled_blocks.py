@@ -131,10 +131,15 @@ def test_without_shared_block_graphs_the_dump_refuses_compiled_blocks(tmp_path, 
         torchparity.dump(tmp_path / "d", model=_net(True), level="aten").start()
 
 
-def test_the_nan_tracker_refuses_compiled_blocks_at_start_and_the_dump_finds_the_first_nan(tmp_path):
+def test_op_level_tools_refuse_compiled_blocks_at_start_and_the_dump_finds_the_first_nan(tmp_path):
     m = _net(True)
-    with pytest.raises(CompiledModelError, match=r"blocks are torch.compile'd \('blocks.0', 'blocks.1' and 1 more\)"):
-        torchparity.NanInfTracker(m).__enter__()
+    # online compare always; the NaN/Inf tracker before torch 2.9 (tests/online/test_naninf_compiled.py after)
+    tools = [lambda: torchparity.CompareWithReference(model=m)] + \
+        ([] if compiled_mod.COMPILED_MODULES_RUN else [lambda: torchparity.NanInfTracker(m)])
+    for tool in tools:
+        with pytest.raises(CompiledModelError, match=r"blocks are torch.compile'd \('blocks.0', 'blocks.1' and 1 more\)"):
+            tool().start()
+        assert not torchparity.op_stream().consumers, torchparity.op_stream().consumers
     with torch.no_grad():
         m.blocks[1]._orig_mod.fc.bias[0] = float("nan")  # a NaN made inside the second block's graph
     _train(m, tmp_path / "d", steps=1)
