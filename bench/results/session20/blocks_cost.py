@@ -45,24 +45,24 @@ def main() -> int:
     for kind in ("blocks", "whole"):
         for tool in ("off", "dump aten"):
             b = make(kind == "blocks")
-            d = torchparity.dump(f"{root}/{kind}", model=b.model, level="aten").start() if tool != "off" else None
-            for _ in range(3):
+            for _ in range(3):  # compiled, warm
                 b.step()
-            runs[(kind, tool)] = (b, d)
+            runs[(kind, tool)] = b
     times = {k: [] for k in runs}
-    for r in range(rounds):
-        for k, (b, _) in runs.items():
+    for r in range(rounds):  # one dump at a time: each configuration's dump runs for its own steps only
+        for (kind, tool), b in runs.items():
+            d = torchparity.dump(f"{root}/{kind}{r}", model=b.model, level="aten").start() if tool != "off" else None
+            b.step()  # warm-up step inside the dump
             t0 = time.perf_counter()
             for _ in range(steps):
                 b.step()
-            times[k].append((time.perf_counter() - t0) / steps)
+            times[(kind, tool)].append((time.perf_counter() - t0) / steps)
+            if d is not None:
+                d.stop()
         print(f"round {r + 1}/{rounds}: " + ", ".join(f"{k[0]} {k[1]} {times[k][-1] * 1e3:.1f} ms" for k in times),
               flush=True)
-    for _, d in runs.values():
-        if d is not None:
-            d.stop()
     shutil.rmtree(root, ignore_errors=True)
-    print(f"\n{model_line(runs[('blocks', 'off')][0])}; {machine()}")
+    print(f"\n{model_line(runs[('blocks', 'off')])}; {machine()}")
     print("\n| model compiled | tool off | torchparity.dump(level='aten') | ratio |\n|---|---|---|---|")
     for kind in ("blocks", "whole"):
         off, on = statistics.median(times[(kind, "off")]), statistics.median(times[(kind, "dump aten")])
