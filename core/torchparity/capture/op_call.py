@@ -5,12 +5,9 @@ consumer base class (:class:`OpConsumer`) with its chain layers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from . import ops as opinfo
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .op_stream import OpStream
 
 #: :attr:`OpConsumer.layer` of consumers that only observe (outermost)
 LAYER_OBSERVER = 0
@@ -59,7 +56,7 @@ class OpCall:
 
     __slots__ = ("info", "phase", "index", "_stream", "_where")
 
-    def __init__(self, info: OpInfo, phase: str, index: int, stream: "OpStream") -> None:
+    def __init__(self, info: OpInfo, phase: str, index: int, stream: Any) -> None:  # the OpStream
         self.info = info
         self.phase = phase
         self.index = index  # -1 for uncounted ops
