@@ -146,3 +146,36 @@ def test_op_level_tools_refuse_compiled_blocks_at_start_and_the_dump_finds_the_f
     df = torchparity.load_dump(tmp_path / "d")
     out = df[(df["io"] == "output") & (df["nan"] > 0)].sort_values(["step", "record_id"])
     assert out.iloc[0]["module"] == "blocks.1.fc" and out.iloc[0]["phase"] == "forward"
+
+
+class PassThrough(nn.Module):
+    """A block that also hands its input on (a residual, a cache): that output's autograd node is
+    the previous block's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(self.fc(x)) + x, x
+
+
+def test_a_block_handing_its_input_on_leaves_the_earlier_blocks_backward_its_own_path(tmp_path):
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(torch.compile(PassThrough(), backend="aot_eager") for _ in range(3))
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = blocks
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)[0]
+            return x[:, :4]
+
+    m = Chain()
+    _train(m, tmp_path / "d", steps=1)
+    recs = [json.loads(line) for line in (tmp_path / "d" / "step0" / "rank0" / "records.jsonl").open()]
+    bwd = {r["module"] for r in recs if (r.get("flags") or {}).get("compiled") and r["phase"] == "backward"}
+    assert {f"blocks.{i}.fc" for i in range(3)} <= bwd, bwd

@@ -126,7 +126,7 @@ class CompiledInDump:
     Blocks of one class share one compiled graph (Dynamo traces parameters as inputs), so a
     graph's records carry module paths relative to the block; the block running it gives the
     prefix: its forward sets it, and its backward sets it again from a pre-hook on the block's
-    compiled autograd node (:meth:`_tag_backward`)."""
+    compiled autograd node (:meth:`_forward`)."""
 
     def __init__(self, model: Any, session: Any, writer: Any, what: str,
                  blocks: list[tuple[str, Any]] | None = None) -> None:
@@ -167,31 +167,34 @@ class CompiledInDump:
         self._saved = []
 
     def _forward(self, compiled: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        tag = bool(path) and torch.is_grad_enabled()
+        # the autograd nodes the block was handed (an output that is an input passed through keeps
+        # its producer's node, maybe an earlier block's: not this block's backward)
+        before = {id(n) for n in self._nodes((args, kwargs))} if tag else set()
         with self.paused():
             prev, self._prefix = self._prefix, path
             try:
                 out = compiled.forward(*args, **kwargs)
             finally:
                 self._prefix = prev
-        if path and torch.is_grad_enabled():
-            self._tag_backward(out, path)
+        if tag:
+            def set_prefix(*_: Any) -> None:  # the block's backward graph runs inside this node
+                self._prefix = path
+
+            for node in self._nodes(out):
+                if id(node) not in before:
+                    node.register_prehook(set_prefix)
         return out
 
-    def _tag_backward(self, out: Any, path: str) -> None:
-        """Pre-hooks on the compiled autograd nodes behind ``out``'s tensors: when the block's
-        backward graph runs (inside that node), its records get the block's path."""
-        def set_prefix(*_: Any) -> None:
-            self._prefix = path
-
-        seen: set[int] = set()
-        for t in _tensors(out):
-            fn = t.grad_fn
-            if fn is None:
-                continue
-            node = _compiled_node(fn) or fn
-            if id(node) not in seen:
-                seen.add(id(node))
-                node.register_prehook(set_prefix)
+    @staticmethod
+    def _nodes(tree: Any) -> list[Any]:
+        """The compiled autograd nodes (or, failing that, the nodes) behind the tensors of ``tree``."""
+        out: dict[int, Any] = {}
+        for t in _tensors(tree):
+            if t.grad_fn is not None:
+                node = _compiled_node(t.grad_fn) or t.grad_fn
+                out.setdefault(id(node), node)
+        return list(out.values())
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
