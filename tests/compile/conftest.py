@@ -52,3 +52,29 @@ def sgd_in_dump(model: torch.nn.Module, run: Any, out: Any = None, steps: int = 
         if d is not None:
             d.stop()
     return losses + [p.detach().clone() for p in model.parameters()]
+
+
+class Block(torch.nn.Module):
+    """A residual block: ``x + gelu(layer_norm(fc(x)))``, width 8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.ln, self.act = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.ln(self.fc(x)))
+
+
+class BlockNet(torch.nn.Module):
+    """Three :class:`Block` s in a ``ModuleList`` (``blocks``) and a linear ``head`` to 4 outputs:
+    the shape of a model whose layers a large job compiles one by one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(3))
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)

@@ -14,33 +14,12 @@ import torch
 import torch.nn as nn
 
 import torchparity
-from tests.compile.conftest import sgd_in_dump
+from tests.compile.conftest import BlockNet as Net, sgd_in_dump
 from torchparity.capture import compiled as compiled_mod
 from torchparity.capture.compiled import COMPILED_DUMP_OK, CompiledModelError, compiled_blocks
 
 pytestmark = pytest.mark.skipif(not COMPILED_DUMP_OK or not compiled_mod.compiled_blocks_ok(),
                                 reason="compiled blocks are captured from torch 2.5 on (the dump refuses them before)")
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc, self.ln, self.act = nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.act(self.ln(self.fc(x)))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(3))
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
 
 
 def _net(compiled: bool, backend: str = "aot_eager", fault: str | None = None) -> Net:

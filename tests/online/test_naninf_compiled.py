@@ -12,31 +12,11 @@ import torch
 import torch.nn as nn
 
 import torchparity
+from tests.compile.conftest import BlockNet as Net
 from torchparity.capture.compiled import COMPILED_MODULES_RUN, CompiledModelError
 
 pytestmark = pytest.mark.skipif(not COMPILED_MODULES_RUN, reason="torch < 2.9: a dispatch mode cannot let compiled "
                                                                   "frames run compiled; the tracker refuses them")
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc, self.ln = nn.Linear(8, 8), nn.LayerNorm(8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.ln(self.fc(x)))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(3))
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
 
 
 def _net(how: str, backend: str = "inductor") -> tuple[Net, nn.Module]:
