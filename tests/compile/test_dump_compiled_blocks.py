@@ -158,3 +158,17 @@ def test_a_block_handing_its_input_on_leaves_the_earlier_blocks_backward_its_own
     recs = [json.loads(line) for line in (tmp_path / "d" / "step0" / "rank0" / "records.jsonl").open()]
     bwd = {r["module"] for r in recs if (r.get("flags") or {}).get("compiled") and r["phase"] == "backward"}
     assert {f"blocks.{i}.fc" for i in range(3)} <= bwd, bwd
+
+
+def test_a_module_level_dump_names_compiled_blocks_by_their_own_class(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        _train(_net(True), tmp_path / "blocks", level="module")
+    assert not [w for w in said if "global hooks" in str(w.message)]  # Dynamo's warning: untrue here
+    _train(_net(False), tmp_path / "eager", level="module")
+    df = torchparity.load_dump(tmp_path / "blocks")
+    assert set(df.loc[df["module"].isin(["blocks.0", "blocks.1", "blocks.2"]), "module_class"]) == {"Block"}
+    res = torchparity.compare(str(tmp_path / "eager"), str(tmp_path / "blocks"))
+    assert res.root_cause is None and not [w for w in res.summary["warnings"] if "different ops" in w]

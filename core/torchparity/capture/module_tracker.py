@@ -62,6 +62,14 @@ def _in_backward() -> bool:
     return _graph_task_id is not None and _graph_task_id() != -1
 
 
+def class_name(module: torch.nn.Module) -> str:
+    """A module's class name; a ``torch.compile``'d module (Dynamo's ``OptimizedModule``) is named by
+    the module it compiles, as in an eager run (compiled blocks: ``LlamaDecoderLayer``)."""
+    while type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
+        module = module._orig_mod
+    return type(module).__name__
+
+
 class ModuleTracker:
     """Tracks the stack of running modules and names them by path.
 
@@ -93,7 +101,7 @@ class ModuleTracker:
             if mod not in self._names:
                 self._names[mod] = path
                 parent = path.rsplit(".", 1)[0] if "." in path else ("" if path else None)
-                self.known_modules.append((path, type(mod).__name__, parent))
+                self.known_modules.append((path, class_name(mod), parent))
 
     def name_of(self, module: torch.nn.Module) -> str:
         name = self._names.get(module)
@@ -139,10 +147,13 @@ class ModuleTracker:
         if is_compiling():  # Dynamo traces a compiled function's modules: no frame (see _post)
             return None
         path = self.name_of(module)
-        key = path + "|" + type(module).__name__
+        cls = type(module).__name__
+        if cls == "OptimizedModule":  # a torch.compile'd module: named by the module it compiles
+            cls = class_name(module)
+        key = path + "|" + cls
         idx = self._counts.get(key, 0)
         self._counts[key] = idx + 1
-        frame = Frame(module, path, type(module).__name__, idx, _in_backward())
+        frame = Frame(module, path, cls, idx, _in_backward())
         if self.want_seq and not frame.recompute and torch.is_grad_enabled():
             frame.seq0 = _sequence_nr()
         if module._forward_hooks:

@@ -27,7 +27,7 @@ from ..capture import gc_quiet
 from ..capture.api_mode import ApiCaptureMode
 from ..capture.compiled import (COMPILED_DUMP_OK, MODULE_LEVEL_OK, CompiledCallGuard, CompiledModelError,
                                 compiled_blocks, compiled_blocks_ok, compiled_functions_note, eager_hook, is_compiled,
-                                refuse_compiled)
+                                quiet_compiled, refuse_compiled, restore_classes)
 from ..capture.aten_mode import AtenCaptureMode
 from ..capture.module_capture import ModuleCapture
 from ..capture.module_tracker import ModuleTracker
@@ -166,6 +166,8 @@ class Dumper:
                 self._compiled = CompiledInDump(self.model, self.session, self.writer, what, blocks=blocks or None)
                 self._compiled.install()
                 stack.callback(self._compiled.remove)
+            if not compiled_aten:  # a module-level dump of compiled parts: Dynamo's "global hooks" warning is untrue
+                stack.callback(restore_classes, quiet_compiled(self.model))  # (the hooks return while it traces)
             gc_quiet.hold()  # the collector skips the process's old heap while the dump runs
             stack.callback(gc_quiet.release)
             if o.backend is not None:
