@@ -24,7 +24,8 @@ from typing import Any, Iterator
 import torch
 
 from ..capture.batch import Batch
-from ..capture.compiled import CompiledModelError, allow_compiled, disallow_compiled, quiet_class
+from ..capture.compiled import (CompiledModelError, allow_compiled, disallow_compiled, quiet_compiled,
+                                restore_classes)
 from ..capture.ranks import current_rank
 from ..records import op_record, tensor_entry  # noqa: F401 - tensor_entry used below
 from .backend import CompileCapture
@@ -141,7 +142,8 @@ class CompiledInDump:
                                       device_stats=True if session.options.device_stats else None)
         # built before the dump's global hooks exist: Dynamo then traces forward itself
         self._compiled = [torch.compile(block._orig_mod, backend=self.capture) for _, block in self.blocks]
-        self._saved: list[tuple[Any, type]] = []
+        self._saved: list[Any] = []  # each block's own forward attribute (None: the class's)
+        self._classes: list[tuple[Any, type]] = []  # quiet_compiled's, for restore_classes
         self._prefix = ""  # the module path of the block whose graph runs (collect)
         self._pending: list[tuple[list[Any], list[torch.Tensor]]] = []  # (OpRecords, device values)
         self._depth = 0
@@ -151,15 +153,16 @@ class CompiledInDump:
     # ---- lifecycle ----------------------------------------------------------------------------
     def install(self) -> None:
         for (path, block), compiled in zip(self.blocks, self._compiled):
-            self._saved.append((block.__dict__.get("forward"), type(block)))
+            self._saved.append(block.__dict__.get("forward"))
             block.forward = functools.partial(self._forward, compiled, path)
-            block.__class__ = quiet_class(type(block))
             allow_compiled(block)
+        self._classes = quiet_compiled(self.model)  # the model (compiled) or its compiled blocks
 
     def remove(self) -> None:
-        for (_, block), (forward, cls) in zip(self.blocks, self._saved):
+        restore_classes(self._classes)
+        self._classes = []
+        for (_, block), forward in zip(self.blocks, self._saved):
             disallow_compiled(block)
-            block.__class__ = cls
             if forward is not None:
                 block.forward = forward
             else:
