@@ -192,3 +192,32 @@ def test_the_first_nan_of_a_compiled_model_is_found_in_its_dump_by_record_id(tmp
     with torchparity.NanInfTracker(c) as tracker:  # it runs compiled: the NaN is told as entered, the dump named
         c(torch.randn(8, 16)).square().mean().backward()
     assert tracker.findings and "torchparity.dump(DIR, model=model, level='aten')" in tracker.findings[0].note
+
+
+def test_a_compiled_models_dump_says_what_it_left_out_and_no_unseen_compiled_function(tmp_path, capsys):
+    """The headers of a compiled model's dump say what of its graphs was not captured, and
+    `torchparity info` shows it; they say nothing of compiled functions outside the model while
+    none ran (they said so whenever Dynamo had compiled anything, the dumped model included);
+    a compiled loss outside the model is said."""
+    from tests.cli.test_info import run_cli
+
+    _train("inductor", tmp_path / "d", steps=2)
+    header = json.loads((tmp_path / "d" / "step1" / "rank0" / "header.json").read_text())
+    assert "compiled_functions" not in header
+    assert header["compile"]["graphs"] == {"forward": 1, "backward": 1}
+    code, text = run_cli(["info", str(tmp_path / "d")], capsys)
+    assert code == 0 and "compiled: torch.compile (inductor), captured in graph (graphs: 1 forward, 1 backward)" in text
+    assert "not captured: " in text and "Inductor may keep in registers" in text and "compiled function" not in text
+    assert text.count("compiled: torch.compile") == 1  # said once while it stays the same
+
+    @torch.compile(backend="eager")
+    def loss_of(out: torch.Tensor) -> torch.Tensor:
+        return (out ** 2).mean()
+
+    torch.manual_seed(0)
+    m = Small()
+    run = torch.compile(m, backend="inductor")
+    with torchparity.dump(tmp_path / "e", model=run, level="aten"):
+        loss_of(run(torch.randn(4, 8))).backward()
+    header = json.loads((tmp_path / "e" / "step0" / "rank0" / "header.json").read_text())
+    assert "outside a model the dump captures" in header["compiled_functions"]

@@ -16,8 +16,9 @@ dispatch mode, a warning says that (:func:`warn_if_compiled_functions_run_eagerl
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -88,11 +89,32 @@ def eager_hook(fn: Any) -> Any:
 
 
 def _dynamo_codes() -> Any:
-    """The code objects Dynamo was asked to compile in this process (None before any)."""
+    """The code objects Dynamo was asked to compile in this process (weak references; None
+    before any)."""
     import sys
 
     convert = sys.modules.get("torch._dynamo.convert_frame")
     return getattr(getattr(convert, "input_codes", None), "seen", None)
+
+
+#: the code objects Dynamo compiled for a model the tool captures in graph (compile/in_dump.py):
+#: not "compiled functions" the dump cannot see
+_CAPTURED_CODES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def captured_compile() -> Iterator[None]:
+    """Around a call of a compiled module whose graphs the tool captures: the code Dynamo compiles
+    within is that module's, and :func:`compiled_functions_note` does not count it (a compiled
+    model's dump said that some compiled function outside the model ran compiled, unseen)."""
+    before = len(_dynamo_codes() or ())
+    try:
+        yield
+    finally:
+        for ref in (_dynamo_codes() or [])[before:]:
+            code = ref()
+            if code is not None:
+                _CAPTURED_CODES.add(code)
 
 
 #: what a dump's step header says (``compiled_functions``) once torch.compile'd code has run in
@@ -108,8 +130,10 @@ COMPILED_FUNCTIONS_EAGER_NOTE = (
 
 
 def compiled_functions_note() -> str | None:
-    """The step header's ``compiled_functions`` text, or None while no compiled code has run."""
-    if not _dynamo_codes():
+    """The step header's ``compiled_functions`` text, or None while no compiled code has run but
+    the models the tool captures in graph (:func:`captured_compile`)."""
+    codes = _dynamo_codes()
+    if not codes or all((c := ref()) is None or c in _CAPTURED_CODES for ref in codes):
         return None
     return COMPILED_FUNCTIONS_EAGER_NOTE if _SKIPS_UNDER_MODES and not DISPATCH_MODE_CAN_OPT_OUT \
         else COMPILED_FUNCTIONS_NOTE

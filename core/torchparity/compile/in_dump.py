@@ -24,8 +24,8 @@ from typing import Any, Iterator
 import torch
 
 from ..capture.batch import Batch
-from ..capture.compiled import (CompiledModelError, allow_compiled, disallow_compiled, quiet_compiled,
-                                restore_classes)
+from ..capture.compiled import (CompiledModelError, allow_compiled, captured_compile, disallow_compiled,
+                                quiet_compiled, restore_classes)
 from ..capture.ranks import current_rank
 from ..records import op_record, tensor_entry  # noqa: F401 - tensor_entry used below
 from .backend import CompileCapture
@@ -174,7 +174,7 @@ class CompiledInDump:
         # the autograd nodes the block was handed (an output that is an input passed through keeps
         # its producer's node, maybe an earlier block's: not this block's backward)
         before = {id(n) for n in self._nodes((args, kwargs))} if tag else set()
-        with self.paused():
+        with self.paused(), captured_compile():
             prev, self._prefix = self._prefix, path
             try:
                 out = compiled.forward(*args, **kwargs)
