@@ -141,3 +141,66 @@ def test_after_an_adamw_step_an_op_reading_drifted_parameters_is_not_blamed(tmp_
     res = torchparity.compare(tmp_path / "eager", tmp_path / "comp", output_dir=tmp_path / "out")
     assert res.root_cause is None, (drift, res.root_cause.reason)
     assert res.summary["n_error"] == 0
+
+
+class GatedMLP(nn.Module):
+    """Llama's MLP: ``down(silu(gate(x)) * up(x))``, softmax-normalised after (two layers of it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.down(nn.functional.silu(self.gate(x)) * self.up(x)), -1)
+
+
+def _accumulate_then_evaluate(out=None) -> list[torch.Tensor]:
+    """Two micro-batches per SGD step (gradient accumulation: the compiled graphs run twice a
+    step), two steps, then an evaluation under no_grad (an inference graph); compiled with
+    Inductor (``out``: inside an aten dump) or eager (``out`` is ``"eager"``: its own dump)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(GatedMLP(), GatedMLP())
+    torch._dynamo.reset()
+    eager = isinstance(out, tuple)
+    run = m if eager else torch.compile(m, backend="inductor")
+    path = out[0] if eager else out
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(4, 3, 8, generator=g) for _ in range(5)]
+    d = torchparity.dump(path, model=run, level="aten").start() if path is not None else None
+    got = []
+    try:
+        for step in range(2):
+            for micro in range(2):
+                (run(data[2 * step + micro]).pow(2).mean() / 2).backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            got.append(run(data[4]))
+    finally:
+        if d is not None:
+            d.stop()
+    return got + [p.detach().clone() for p in m.parameters()]
+
+
+def test_gradient_accumulation_and_a_no_grad_evaluation_pair_with_eager(tmp_path):
+    """Found on HF Llama (eager attention) compiled, two micro-batches per step and an evaluation
+    under no_grad, against the same run eager; each was a false root cause:
+    * the compiled backward ran twice a step and captured one of its module's two ``mul`` a run:
+      run 2's was paired with micro-batch 1's second eager ``mul`` (records now say how many of
+      their op their graph has, and the compare aligns each run with its share of the eager ops);
+    * in the inference graph every node carries the same autograd sequence number, so both
+      layers' softmax decompositions were one group: layer 1's value recorded as layer 0's."""
+    plain = _accumulate_then_evaluate()
+    with_tool = _accumulate_then_evaluate(tmp_path / "c")
+    assert all(torch.equal(a, b) for a, b in zip(plain, with_tool))
+    _accumulate_then_evaluate((tmp_path / "e",))
+    for a, b in ((tmp_path / "e", tmp_path / "c"), (tmp_path / "c", tmp_path / "e")):
+        res = torchparity.compare(a, b, output_dir=tmp_path / "out")
+        rows = res.rows
+        assert res.summary["n_error"] == 0 and res.root_cause is None, rows[rows["verdict"] == "error"]
+    df = torchparity.load_dump(tmp_path / "c")
+    soft = df[(df.step == 2) & (df.op == "aten._softmax.default")]
+    assert set(soft.module) == {"0", "1"}  # each layer's softmax, under its own module
+    paired = rows[(rows["match"] == "compiled") & (rows["phase"] == "backward") & (rows["op"] == "aten.mul.Tensor")]
+    assert len(paired) >= 4  # the backward muls were compared, in both micro-batches of a step

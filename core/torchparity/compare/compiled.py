@@ -80,13 +80,14 @@ def _output_values(rows: Any) -> dict[int, str]:
                                                            sub["min"].tolist())}
 
 
-def occurrences(full_rows: Any) -> dict[int, int]:
+def occurrences(full_rows: Any) -> dict[int, Any]:
     """record id -> ``flags.occurrence`` of a compiled capture's records (the op's index among its
-    module's ops of that kind in the graph, the values not captured included), from a full frame."""
+    module's ops of that kind in the graph, the values not captured included), from a full frame;
+    ``(occurrence, occurrences)`` where the record also says how many there are in its graph."""
     if full_rows is None or "flags" not in full_rows or not len(full_rows):
         return {}
     rec = full_rows.drop_duplicates("record_id")
-    out: dict[int, int] = {}
+    out: dict[int, Any] = {}
     for rid, f in zip(rec["record_id"].tolist(), rec["flags"].tolist()):
         if isinstance(f, str):
             import json
@@ -96,49 +97,91 @@ def occurrences(full_rows: Any) -> dict[int, int]:
             except ValueError:
                 continue
         if isinstance(f, dict) and type(f.get("occurrence")) is int and f["occurrence"] >= 0:
-            out[int(rid)] = f["occurrence"]
+            n = f.get("occurrences")
+            out[int(rid)] = (f["occurrence"], n) if type(n) is int and n > f["occurrence"] else f["occurrence"]
     return out
 
 
-def _with_gaps(ids: list[int], sigs: list[str], occ: Mapping[int, int]) -> tuple[list[str], list[int | None]]:
+def _with_gaps(ids: list[int], sigs: list[str], occ: Mapping[int, Any]) -> tuple[list[str], list[int | None], list[int]]:
     """The signatures of one (phase, module, op) group with a never-matching token for each value
     the compiled graph did not capture (from the records' occurrences), so that the k-th captured
-    record lines up with the eager op at the same position. Occurrences restart with each graph run."""
+    record lines up with the eager op at the same position, and where each graph run starts.
+    Occurrences restart with each graph run; a run whose records say how many occurrences their
+    graph has is closed with gaps for the ones after its last captured value (two runs a step,
+    gradient accumulation: run 1's last ``mul`` is not captured, so run 2's first is not eager's
+    second)."""
     tokens: list[str] = []
     where: list[int | None] = []
-    nxt = 0
+    nxt, total = 0, None
+    starts: list[int] = []
+
+    def gaps(k: int) -> None:
+        for _ in range(k):
+            tokens.append(f"\x00gap{len(tokens)}")
+            where.append(None)
+
     for rid, sig in zip(ids, sigs):
         o = occ.get(rid)
+        if isinstance(o, tuple):
+            o, n = o
+        else:
+            n = None
         if o is not None:
-            if o < nxt:  # the next run of the graph
+            if not starts or o < nxt or (total is not None and nxt >= total):  # the next run of the graph
+                if starts and total is not None:
+                    gaps(total - nxt)
                 nxt = 0
-            for g in range(o - nxt):
-                tokens.append(f"\x00gap{len(tokens)}")
-                where.append(None)
-            nxt = o + 1
+                starts.append(len(tokens))
+            gaps(o - nxt)
+            nxt, total = o + 1, n
         tokens.append(sig)
         where.append(rid)
-    return tokens, where
+    if starts and total is not None:
+        gaps(total - nxt)
+    return tokens, where, starts
 
 
-def align_group(ids_d: list[int], sig_d: list[str], occ_d: Mapping[int, int],
-                ids_b: list[int], sig_b: list[str], occ_b: Mapping[int, int]) -> list[tuple[int, int]]:
+def align_group(ids_d: list[int], sig_d: list[str], occ_d: Mapping[int, Any],
+                ids_b: list[int], sig_b: list[str], occ_b: Mapping[int, Any]) -> list[tuple[int, int]]:
     """Pairs (device id, bench id) of one (phase, module, op) group. A compiled side's records sit at
     their occurrence (the values not captured are gaps); when both sequences are then equally long
     the graph ran this module's ops as eager did and position k pairs with position k (an order
     alignment would pair a captured k-th ``add`` with the first eager ``add`` of the same shape);
     otherwise an order-preserving alignment on the signatures (around values not captured, only of
-    signatures that occur once on each side)."""
-    a, wa = _with_gaps(ids_d, sig_d, occ_d)
-    bb, wb = _with_gaps(ids_b, sig_b, occ_b)
+    signatures that occur once on each side). When the graph ran several times in the step
+    (gradient accumulation), each run is aligned with its share of the other side."""
+    a, wa, ra = _with_gaps(ids_d, sig_d, occ_d)
+    bb, wb, rb = _with_gaps(ids_b, sig_b, occ_b)
+    runs = max(len(ra), len(rb))
+    if runs > 1:  # graph runs (gradient accumulation): run k against the k-th equal share of the other side
+        ra, rb = ra or _shares(len(a), runs), rb or _shares(len(bb), runs)
+        if len(ra) == len(rb) == runs:
+            out: list[tuple[int, int]] = []
+            for k in range(runs):
+                ea, eb = (ra + [len(a)])[k + 1], (rb + [len(bb)])[k + 1]
+                out += _align_run(a[ra[k]:ea], wa[ra[k]:ea], bb[rb[k]:eb], wb[rb[k]:eb])
+            return out
+    return _align_run(a, wa, bb, wb, several=runs > 1)
+
+
+def _shares(n: int, runs: int) -> list[int]:
+    """The starts of ``runs`` equal shares of a side without graph runs (an eager group), or none
+    when ``n`` does not divide: then no run is told from the next."""
+    return list(range(0, n, n // runs)) if n % runs == 0 and n else []
+
+
+def _align_run(a: list[str], wa: list[int | None], bb: list[str], wb: list[int | None],
+               several: bool = False) -> list[tuple[int, int]]:
+    """:func:`align_group` of one graph run (``several``: runs that could not be told apart)."""
     if len(a) == len(bb) and (None in wa or None in wb):
         idx = [(x, x) for x in range(len(a)) if a[x] == bb[x]]
     else:
         idx = matching._align(a, bb)
-        if None in wa or None in wb:
-            # sequences of different lengths (CSE, an op only eager has) around values not captured:
-            # a signature that repeats cannot say which eager op a captured value is; an unpaired
-            # value is "not compared", a wrongly paired one a false alarm (HF Llama's adds)
+        if None in wa or None in wb or several:
+            # sequences of different lengths (CSE, an op only eager has) around values not captured,
+            # or graph runs that could not be told apart: a signature that repeats cannot say which
+            # eager op a captured value is; an unpaired value is "not compared", a wrongly paired
+            # one a false alarm (HF Llama's adds; gradient accumulation's micro-batches)
             from collections import Counter
 
             ca, cb = Counter(a), Counter(bb)
@@ -147,7 +190,7 @@ def align_group(ids_d: list[int], sig_d: list[str], occ_d: Mapping[int, int],
 
 
 def match_compiled(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | None = None,
-                   occ_d: Mapping[int, int] | None = None, occ_b: Mapping[int, int] | None = None) -> Any:
+                   occ_d: Mapping[int, Any] | None = None, occ_b: Mapping[int, Any] | None = None) -> Any:
     """Pair records of one (step, rank) where one side (or both) is a compiled capture. Returns
     the frame of :func:`matching.match_records`: ``dev_rid, bench_rid, match`` (``compiled`` for
     pairs made here, ``unmatched`` with -1 on the other side)."""

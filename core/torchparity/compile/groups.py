@@ -48,11 +48,21 @@ def group_nodes(graph: torch.fx.Graph) -> list[NodeGroup]:
     """The groups of ``graph``'s call_function nodes, in the graph order of their output node.
 
     Nodes with the same (``original_aten``, ``seq_nr``) that are not themselves that op form one
-    group (a decomposition); a node that is its source op (``addmm`` from ``addmm``) is a group
+    group (a decomposition; where the sequence number does not tell ops apart: consecutive nodes of
+    one source op and module, see :data:`_UNSEQUENCED`); a node that is its source op (``addmm`` from ``addmm``) is a group
     of its own with its ``getitem`` nodes (two ``mm`` of one ``addmm`` backward stay two). Nodes
     with no provenance are groups of their own."""
+    # sequence numbers that more than one (source op, module) of the forward side carries
+    seen: dict[Any, set[tuple[str, Any]]] = {}
+    for node in graph.nodes:
+        if node.op == "call_function" and node.meta.get("nn_module_stack") and _source(node) is not None:
+            seen.setdefault(node.meta.get("seq_nr"), set()).add((str(_source(node)), _module_key(node)))
+    shared = {seq for seq, owners in seen.items() if len(owners) > 1 or (isinstance(seq, int) and seq < 0)}
     members: dict[Any, list[torch.fx.Node]] = {}
     order: dict[torch.fx.Node, int] = {}
+    keys: dict[torch.fx.Node, Any] = {}
+    last: Any = None  # the previous node's key before its run number (nodes without a sequence number)
+    runs = 0
     for i, node in enumerate(graph.nodes):
         order[node] = i
         if node.op != "call_function":
@@ -60,9 +70,14 @@ def group_nodes(graph: torch.fx.Graph) -> list[NodeGroup]:
         if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
                 and node.args[0].op == "call_function":
             owner = node.args[0]
-            key = _key_of(owner)
+            key = keys.get(owner) or _key_of(owner, shared)
         else:
-            key = _key_of(node)
+            key = base = _key_of(node, shared)
+            if key[0] == _UNSEQUENCED:  # one op's decomposition is one run of consecutive nodes
+                runs += base != last
+                key = base + (runs,)
+            last = base
+        keys[node] = key
         members.setdefault(key, []).append(node)
     groups: list[NodeGroup] = []
     for key, nodes in members.items():
@@ -97,15 +112,32 @@ def group_nodes(graph: torch.fx.Graph) -> list[NodeGroup]:
 JOIN = "torchparity_group_of"
 
 
-def _key_of(node: torch.fx.Node) -> tuple[Any, Any]:
+def _module_key(node: torch.fx.Node) -> Any:
+    stack = node.meta.get("nn_module_stack")
+    return next(reversed(stack)) if stack else None
+
+
+def _key_of(node: torch.fx.Node, shared: set[Any] = frozenset()) -> tuple[Any, ...]:  # type: ignore[assignment]
     joined = node.meta.get(JOIN)
     if isinstance(joined, torch.fx.Node) and joined is not node:
-        return _key_of(joined)
+        return _key_of(joined, shared)
     src, seq = _source(node), node.meta.get("seq_nr")
     if src is None or seq is None or str(src) == str(node.target):
         return ("self", node)
+    if seq in shared and node.meta.get("nn_module_stack"):  # see _UNSEQUENCED
+        return (_UNSEQUENCED, str(src), _module_key(node))
     # by name: the same op's OpOverload objects are not always one object (nor equal) in the meta
     return (str(src), seq)
+
+
+#: the key of forward nodes whose autograd sequence number does not tell one eager op from
+#: another: every node of an inference graph (traced under no_grad, ``seq_nr`` is -1 throughout,
+#: or after a training step the last number used, for every node) and a forward graph's ops that
+#: make no autograd node. They are grouped by source op and module, one group per run of
+#: consecutive nodes. By (source op, sequence number) alone, every ``softmax`` of an HF Llama
+#: evaluated under no_grad after training was one group, captured once with layer 0's module and
+#: layer 1's value: a false root cause against eager
+_UNSEQUENCED = "unsequenced"
 
 
 def _escaping(nodes: list[torch.fx.Node], inside: set[torch.fx.Node]) -> list[torch.fx.Node]:

@@ -326,6 +326,8 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
             dtype=str(val.dtype).replace("torch.", ""), shape=[x if isinstance(x, int) else 0 for x in shp],
             stride=[x if isinstance(x, int) else 0 for x in st], device=str(val.device),
             seq_nr=seq_nr, extra={"graph_nodes": group.size, "occurrence": idx}))
+    for rec in res.records:  # how many there are in the graph: the compare closes each graph run with it
+        rec.extra["occurrences"] = counters[(rec.phase, rec.module, rec.op)]
     if res.symbolic:
         res.bindings = _bindings(gm)
     if extra:
