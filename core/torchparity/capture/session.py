@@ -5,7 +5,9 @@ One session serves all capture levels. The interceptors (module hooks in
 call :meth:`CaptureSession.record`; the session applies the filters, names the op, computes the
 statistics on the device, links each input to the record that produced it, and batches records
 for the writer. It owns the step counter and the per-step name counters, so op names are stable
-across runs of the same script.
+across runs of the same script. Its mixins hold the rest: naming and filtering records
+(:mod:`.naming`), the batch pending for the writer (:mod:`.pending`), reusing measurements
+(:mod:`.measure_reuse`).
 """
 
 from __future__ import annotations
@@ -17,18 +19,20 @@ from weakref import ref as _weakref
 import torch
 from torch import Tensor
 
-from .batch import Batch, RecordSink
-from .options import DumpOptions, compile_patterns, matches
-from ..records import OpRecord, TensorEntry, op_record, scalar_entry
+from .batch import RecordSink
+from .options import DumpOptions
+from ..records import TensorEntry, scalar_entry
 from .module_tracker import ModuleTracker, current_backward_info, in_backward
 from .outside_backward import OutsideBackward
 from .stacks import StackTable
 from .host_copies import HostCopier, HostCopy
-from .stat_batch import RowRef, StatBatcher
+from .stat_batch import StatBatcher
 from .stats import host_stats, tensor_checksum
 from .tool_state import _tool_state, tool_is_busy, tool_work  # noqa: F401 (re-exported)
 from .flatten import _POS, flat_args, flat_outputs  # noqa: F401 (re-exported)
 from .measure_reuse import MeasurementReuse
+from .naming import RecordNaming
+from .pending import PendingBatch, StatRows  # noqa: F401 (StatRows re-exported)
 from .ranks import _distributed, current_rank, world_size  # noqa: F401 (re-exported)
 from .tensor_memo import TensorMemo  # noqa: F401 (re-exported)
 from .uninit import UninitStorages
@@ -68,26 +72,7 @@ def _scalar_value(x: Any) -> Any:
     return None
 
 
-class StatRows:
-    """The statistics of a batch's entries, in order, for the writer thread: each item is a
-    host row (a list of 6 floats, measured at once on the CPU) or a :class:`~.stat_batch.RowRef`
-    (a row of the batcher, on the host once its flush's transfer is done). ``tolist()`` gives one
-    row per entry (the writer's call; the same as on a stacked host tensor). Keeping host rows as
-    lists until then means no dict per value on the training thread."""
-
-    __slots__ = ("refs",)
-
-    def __init__(self, refs: list[Any]) -> None:
-        self.refs = refs
-
-    def __len__(self) -> int:
-        return len(self.refs)
-
-    def tolist(self) -> list[list[float]]:
-        return [r if r.__class__ is list else r.values() for r in self.refs]
-
-
-class CaptureSession(MeasurementReuse):
+class CaptureSession(RecordNaming, PendingBatch, MeasurementReuse):
     """State shared by all interceptors of one dump."""
 
     def __init__(self, options: DumpOptions, writer: RecordSink, tracker: ModuleTracker) -> None:
@@ -121,40 +106,18 @@ class CaptureSession(MeasurementReuse):
         self.step_listeners: list[Callable[[], None]] = []
         #: the capture modes change their stacks through it (a step may begin inside backward)
         self.outside_backward = OutsideBackward(tracker)
-        self._pending: list[OpRecord] = []
-        # one per entry of _pending_slots: a host row (list) or a row of the batcher (RowRef)
-        self._pending_stats: list[list[float] | RowRef] = []
         # values off the CPU (and CPU values with device_stats) are measured by the batcher: one
         # kernel per value, one device-to-host copy per flush; CPU values read at once otherwise
         self._batcher = StatBatcher()
         self._host_stats = not options.device_stats
-        self._pending_slots: list[TensorEntry] = []
-        self._pending_tensors: dict[str, torch.Tensor] = {}
-        self._pending_owner: dict[str, TensorEntry] = {}
-        self._pending_refs: list[TensorEntry] = []  # entries pointing at a tensor saved for another entry
-        self._pending_bytes = 0
         # md5/tensor modes: values off the CPU (CPU values with device_stats) reach the host by
-        # asynchronous copies, finished by the writer thread; (entry, copy) pairs to checksum there
+        # asynchronous copies, finished by the writer thread
         self._copier = HostCopier()
-        self._pending_checksums: list[tuple[TensorEntry, HostCopy]] = []
+        self._init_pending()
         self._tensor_seq = 0
-        self._filter_count = 0
-        self._in_range = options.op_range is None or options.op_range[0] is None
-        self._range_done = False
-        self._seq_counters: dict[str, int] = {}  # "fwd"/"bwd" -> api/module records numbered so far (all steps)
-        self._ops = compile_patterns(options.ops)
-        # ops entries "seq:<sequence name>" select single ops; they can only be decided once numbered
-        self._seq_ops = {p[4:] for p in options.ops or [] if p.startswith("seq:")}
-        if not self._ops:  # only "seq:" entries
-            self._ops = None
-        # with sequence names, the ops filter is applied after numbering, so that a name such as
-        # "torch.relu.3.fwd" means the same op whatever ops are selected
-        self._defer_ops = bool(self._seq_ops) or options.seq_names
-        self._exclude = compile_patterns(options.exclude_ops)
-        self._scope = compile_patterns([s if any(c in s for c in "*?[") or s.startswith("re:") else s + "*" for s in options.scope] if options.scope else None)
+        self._init_filters(options)
         self._rank = current_rank()
         self._stacks = StackTable(self._on_new_stack) if options.stack else None
-        self._modules_sent = 0
         self.enabled_step = self._step_enabled()
 
     # ---- steps -----------------------------------------------------------------------------
@@ -227,92 +190,6 @@ class CaptureSession(MeasurementReuse):
         if fn in self.step_listeners:
             self.step_listeners.remove(fn)
         self.outside_backward.cancel(fn)
-
-    # ---- naming ----------------------------------------------------------------------------
-    def phase(self) -> str:
-        if self.in_optimizer:
-            return "optimizer"
-        if in_backward():
-            frame = self.tracker.current()
-            return "recompute" if frame is not None and frame.recompute else "backward"
-        return "forward"
-
-    def _counter(self, key: Any) -> int:
-        n = self._name_counters.get(key, 0)
-        self._name_counters[key] = n + 1
-        return n
-
-    def _call_index(self, module: str, op: str, phase: str) -> int:
-        k = (module, op, phase)
-        n = self._call_counters.get(k, 0)
-        self._call_counters[k] = n + 1
-        return n
-
-    # ---- filters ---------------------------------------------------------------------------
-    def wants(self, name_base: str, op: str, phase: str, module: str) -> bool:
-        """Cheap pre-check before any statistics are computed."""
-        return self.enabled_step and self.passes_filters(name_base, op, phase, module)
-
-    def wants_module(self, name_base: str, op: str, phase: str, module: str) -> bool:
-        """:meth:`wants` for module records, which a light step takes too."""
-        return self.module_step and self.passes_filters(name_base, op, phase, module)
-
-    def passes_filters(self, name_base: str, op: str, phase: str, module: str) -> bool:
-        """The phase / scope / ops / exclude_ops filters (the step is not considered)."""
-        o = self.options
-        if o.phases is not None and phase not in o.phases:
-            return False
-        if self._scope is not None and not matches(self._scope, module):
-            return False
-        if self._ops is not None and not self._defer_ops and not matches(self._ops, name_base, op):
-            return False
-        if self._exclude is not None and matches(self._exclude, name_base, op):
-            return False
-        return True
-
-    @staticmethod
-    def _is(name: str, seq_name: str | None, bound: str) -> bool:
-        return name == bound or name.startswith(bound + ".") or (seq_name is not None and seq_name == bound)
-
-    def seq_name(self, op: str, level: str, phase: str) -> str | None:
-        """Number an api/module record in execution order, per direction, across the whole dump:
-        ``<API>.<n>.<fwd|bwd>`` (``torch.nn.Conv1d.6.fwd``, ``torch.relu.7.fwd``; from 0). Module
-        classes of ``torch.nn`` are spelled ``torch.nn.<Class>``. None for aten records."""
-        if level not in ("api", "module"):
-            return None
-        d = "bwd" if phase == "backward" else "fwd"
-        n = self._seq_counters.get(d, 0)
-        self._seq_counters[d] = n + 1
-        api = op
-        if level == "module" and "." not in op and isinstance(getattr(torch.nn, op, None), type):
-            api = f"torch.nn.{op}"
-        return f"{api}.{n}.{d}"
-
-    def _range_and_skip(self, name: str, seq_name: str | None = None, base: str = "", op: str = "") -> bool:
-        o = self.options
-        if o.op_range is not None:
-            first, last = o.op_range
-            if self._range_done:
-                return False
-            if not self._in_range:
-                if self._is(name, seq_name, first):
-                    self._in_range = True
-                else:
-                    return False
-            if last is not None and self._is(name, seq_name, last):
-                self._range_done = True
-                if o.op_range_end == "exclusive":
-                    return False
-        # deferred ops filter: after the range, so that unselected ops still open and close it
-        if self._defer_ops and (self._ops is not None or self._seq_ops) \
-                and not (self._ops is not None and matches(self._ops, base, op)) \
-                and not (seq_name is not None and seq_name in self._seq_ops):
-            return False
-        if o.skip > 1:
-            self._filter_count += 1
-            if (self._filter_count - 1) % o.skip:
-                return False
-        return True
 
     # ---- tensors ---------------------------------------------------------------------------
     def describe(self, values: Iterable[tuple[str, Any]], io: str, rid: int, link: bool,
@@ -505,68 +382,6 @@ class CaptureSession(MeasurementReuse):
         return v.detach().to("cpu", copy=True).contiguous()
 
     # ---- records ---------------------------------------------------------------------------
-    def new_record(self, *, prefix: str, base: str, op: str, level: str, phase: str, module: str,
-                   module_class: str | None, fwd: int | None = None, name: str | None = None,
-                   flags: dict[str, Any] | None = None) -> OpRecord | None:
-        """Allocate a named record (counters advance even when the record is filtered out by
-        range/skip, so names stay stable)."""
-        counters = self._name_counters
-        key = (prefix, base, phase)
-        counter = counters.get(key, 0)
-        counters[key] = counter + 1
-        if name is None:
-            name = f"{prefix}.{base}.{counter}.{phase}"
-        o = self.options
-        seq = None
-        if level == "api" or level == "module":
-            seq = self.seq_name(op, level, phase)
-        if (o.op_range is not None or self._defer_ops or o.skip > 1) and not self._range_and_skip(name, seq, base, op):
-            self.last_filtered_name = name
-            return None
-        rid = self._next_id
-        self._next_id = rid + 1
-        stack = self._stacks.current() if self._stacks is not None and phase != "backward" else None
-        if seq is not None and o.seq_names:
-            flags = {**(flags or {}), "seq_name": seq}
-        ck = (module, op, phase)
-        calls = self._call_counters
-        call_index = calls.get(ck, 0)
-        calls[ck] = call_index + 1
-        return op_record(rid, name, op, level, phase, module, call_index, self.step, self._rank, module_class,
-                         fwd, stack, flags or {})
-
-    def commit(self, rec: OpRecord) -> None:
-        self._pending.append(rec)
-        if len(self._pending) >= self.options.batch_size or self._pending_bytes > (64 << 20):
-            self.flush()
-
-    def flush(self) -> None:
-        """Hand the pending records to the writer thread, their statistics reduced by the batcher
-        in a constant number of kernels and on their way to the host in one copy per device."""
-        if len(self.tracker.known_modules) > self._modules_sent:
-            self.writer.add_modules(self.tracker.known_modules[self._modules_sent:])
-            self._modules_sent = len(self.tracker.known_modules)
-        if not self._pending:
-            return
-        stats = None
-        if self._batcher.queued:
-            prev, self.busy = self.busy, True
-            try:
-                self._batcher.flush()  # a constant number of kernels, one transfer per device group
-            finally:
-                self.busy = prev
-        if self._pending_stats:
-            stats = StatRows(self._pending_stats)  # rows read by the writer thread
-        batch = Batch(self.step, self._rank, self._pending, self._pending_slots, stats,
-                      self._pending_tensors, self._pending_owner, self._pending_bytes, self._pending_refs,
-                      self._pending_checksums)
-        self._pending_checksums = []
-        self._copier.handed()
-        self._pending, self._pending_stats, self._pending_slots = [], [], []
-        self._pending_tensors, self._pending_owner, self._pending_bytes = {}, {}, 0
-        self._pending_refs = []
-        self.writer.submit(batch)
-
     def module_info(self) -> tuple[str, str | None, int | None, dict[str, Any] | None]:
         """(module path, module class, forward record id, backward tag) for the current op."""
         frame = self.tracker.current()
@@ -578,6 +393,3 @@ class CaptureSession(MeasurementReuse):
         if info is not None:
             return info.get("module", ""), info.get("module_class"), info.get("fwd"), info
         return _NO_MODULE
-
-    def _on_new_stack(self, sid: int, frames: list[str]) -> None:
-        self.writer.add_stack(self.step, self._rank, sid, frames)
