@@ -18,7 +18,12 @@ download), in float32, bf16 and fp16 autocast + GradScaler, AdamW. For each:
 * ``compile-fault``: a x1.05 forward hook on the model's planted-fault module in the compiled run
   (traced into the graph, fused by Inductor), one step; compared with the eager run (both ways)
   and with a clean compiled run: the root cause must be in step 0 and in that module's block (the
-  module of the first value the graph stores after the fault).
+  module of the first value the graph stores after the fault);
+* ``compile-blocks``: the model's layers compiled one by one, as ``compile``, and a fault planted in
+  one block named in that block;
+* ``compile-accum``: the compiled model trained 2 steps of 2 micro-batches each (gradient
+  accumulation) and then evaluated under ``no_grad`` in eval mode, without and inside the aten
+  dump (bitwise equal), compared with the same loop eager, both ways: no divergence.
 
 Prints one line per (model, precision, feature) and a Markdown table (``--out``). Exit 1 when a
 check fails.
@@ -242,9 +247,57 @@ def check_compile_blocks(name: str, prec: str, root: Path) -> tuple[bool, str]:
                 f"{f'{frc.name} in {frc.module} ({frc.phase})' if frc is not None else 'no root cause'}")
 
 
+def _accumulate_and_evaluate(t: zm.Trainer) -> list[float]:
+    """Two optimizer steps of two micro-batches each (the batch's halves, gradients accumulated),
+    then the whole batch evaluated under ``no_grad`` in eval mode: the losses."""
+    halves = [{k: v[:1] for k, v in t.batch.items()}, {k: v[1:] for k, v in t.batch.items()}]
+    losses = []
+    for step in range(2):
+        torch.manual_seed(1000 + step)
+        for half in halves:
+            with t._autocast():
+                loss = t.spec.loss(t.model, half) / len(halves)
+            (t.scaler.scale(loss) if t.scaler is not None else loss).backward()
+            losses.append(float(loss.detach()))
+        if t.scaler is not None:
+            t.scaler.step(t.opt)
+            t.scaler.update()
+        else:
+            t.opt.step()
+        t.opt.zero_grad(set_to_none=True)
+    t.model.eval()
+    with torch.no_grad(), t._autocast():
+        losses.append(float(t.spec.loss(t.model, t.batch).detach()))
+    t.model.train()
+    return losses
+
+
+def check_compile_accum(name: str, prec: str, root: Path) -> tuple[bool, str]:
+    """The compiled model with gradient accumulation and an evaluation under no_grad: tool on ==
+    off bitwise, and compared with the same loop eager, both ways, no divergence."""
+    spec = zm.ZOO[name]
+    runs = []
+    for out in (None, root / "compiled"):
+        torch._dynamo.reset()
+        t = _compiled(spec, prec)
+        with (torchparity.dump(str(out), model=t.model, level="aten") if out else contextlib.nullcontext()):
+            losses = _accumulate_and_evaluate(t)
+        runs.append((losses, _state(t)))
+    bitwise = runs[0][0] == runs[1][0] and _same(runs[0][1], runs[1][1])
+    eager = zm.Trainer(spec, prec)
+    with torchparity.dump(str(root / "eager"), model=eager.model, level="aten"):
+        _accumulate_and_evaluate(eager)
+    res = [torchparity.compare(str(root / a), str(root / b)) for a, b in (("eager", "compiled"), ("compiled", "eager"))]
+    ok = bitwise and all(r.root_cause is None and not r.summary.get("n_error") for r in res)
+    s = res[0].summary
+    rcs = [r.root_cause.name if r.root_cause is not None else "none" for r in res]
+    return ok, (f"2 steps x 2 micro-batches + no_grad eval; tool on == off bitwise {bitwise}; compare: {s.get('n_pass')} "
+                f"pass, {s.get('n_warning')} warning, {s.get('n_error')} error; root cause {rcs[0]} (reversed: {rcs[1]})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--features", default="watch,compile,compiled-fn,compile-fault,compile-blocks")
+    ap.add_argument("--features", default="watch,compile,compiled-fn,compile-fault,compile-blocks,compile-accum")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--precisions", default="fp32,bf16,fp16")
     ap.add_argument("--out", default=None, help="write the Markdown table here")
@@ -254,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
 
     iconf.fallback_random = True  # dropout draws as in eager, so compiled and eager runs compare
     checks = {"watch": check_watch, "compile": check_compile, "compiled-fn": check_compiled_fn,
-              "compile-fault": check_compile_fault, "compile-blocks": check_compile_blocks}
+              "compile-fault": check_compile_fault, "compile-blocks": check_compile_blocks,
+              "compile-accum": check_compile_accum}
     rows, failed = [], 0
     for name in a.models.split(","):
         for prec in a.precisions.split(","):

@@ -204,3 +204,43 @@ def test_gradient_accumulation_and_a_no_grad_evaluation_pair_with_eager(tmp_path
     assert set(soft.module) == {"0", "1"}  # each layer's softmax, under its own module
     paired = rows[(rows["match"] == "compiled") & (rows["phase"] == "backward") & (rows["op"] == "aten.mul.Tensor")]
     assert len(paired) >= 4  # the backward muls were compared, in both micro-batches of a step
+
+
+def _accumulate_convbn(path, compiled: bool, dtype=torch.float32):
+    """ConvBN, two micro-batches per SGD step (gradient accumulation), two steps, in a dump."""
+    torch.manual_seed(0)
+    m = ConvBN().to(dtype)
+    torch._dynamo.reset()
+    run = torch.compile(m, backend="inductor") if compiled else m
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(2, 3, 8, 8, generator=g).to(dtype), torch.randint(0, 4, (2,), generator=g)) for _ in range(4)]
+    with torchparity.dump(str(path), model=run, level="aten"):
+        for step in range(2):
+            for x, y in data[2 * step:2 * step + 2]:
+                (torch.nn.functional.cross_entropy(run(x).float(), y) / 2).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradient_accumulation_of_a_cnn_pairs_with_eager(tmp_path, dtype):
+    """Found on the zoo CNN (bench/usercheck.py compile-accum), each a false root cause:
+    * the second micro-batch's ``param.grad += g`` ran outside the graph at the root module (the
+      module tracker does not walk inside the compiled call): now named by the parameter's module;
+    * accumulations run in the graph's input order, eager's in backward order: a BatchNorm's
+      same-shaped weight and bias pair only by a signature that occurs once;
+    * the convolution's backward (a multi-output extern kernel) was never captured;
+    * an eager-only backward whose ~0 bias gradient (before BatchNorm) is seen by its consumers is
+      measured against its other gradients, and a one-sided ``copy_`` into ``.grad`` is not judged."""
+    _accumulate_convbn(tmp_path / "e", False, dtype)
+    _accumulate_convbn(tmp_path / "c", True, dtype)
+    for a, b in ((tmp_path / "e", tmp_path / "c"), (tmp_path / "c", tmp_path / "e")):
+        res = torchparity.compare(a, b, output_dir=tmp_path / "out")
+        rows = res.rows
+        assert res.summary["n_error"] == 0 and res.root_cause is None, rows[rows["verdict"] == "error"]
+    df = torchparity.load_dump(tmp_path / "c")
+    bwd = df[(df.step == 0) & (df.phase == "backward") & (df.io == "output")]
+    assert "conv2" in set(bwd[bwd.op == "aten.convolution_backward.default"].module)
+    acc = bwd[bwd.op == "aten.add_.Tensor"]
+    assert len(acc) and set(acc.module) <= {"conv1", "bn1", "conv2", "bn2", "head"}

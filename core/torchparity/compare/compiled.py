@@ -45,6 +45,13 @@ OP_ALIASES = {f"aten.{op}.default": "aten.native_batch_norm.default"
                          "_native_batch_norm_legit_no_training")}
 
 
+#: in-place adds of the backward outside a compiled graph: autograd accumulating a parameter's
+#: gradient (a second micro-batch's ``grad += g``). A compiled run accumulates in its graph's input
+#: order, eager in backward order, so a module's two same-shaped ones (a LayerNorm's weight and
+#: bias) come in either order: they pair only by a signature that occurs once
+ACCUMULATIONS = frozenset({"aten.add_.Tensor"})
+
+
 def is_compiled(header: Mapping[str, Any] | None) -> bool:
     """Whether a step header is a compiled capture's (it carries a ``compile`` object)."""
     return isinstance(header, Mapping) and isinstance(header.get("compile"), Mapping)
@@ -142,14 +149,17 @@ def _with_gaps(ids: list[int], sigs: list[str], occ: Mapping[int, Any]) -> tuple
 
 
 def align_group(ids_d: list[int], sig_d: list[str], occ_d: Mapping[int, Any],
-                ids_b: list[int], sig_b: list[str], occ_b: Mapping[int, Any]) -> list[tuple[int, int]]:
+                ids_b: list[int], sig_b: list[str], occ_b: Mapping[int, Any],
+                unordered: bool = False) -> list[tuple[int, int]]:
     """Pairs (device id, bench id) of one (phase, module, op) group. A compiled side's records sit at
     their occurrence (the values not captured are gaps); when both sequences are then equally long
     the graph ran this module's ops as eager did and position k pairs with position k (an order
     alignment would pair a captured k-th ``add`` with the first eager ``add`` of the same shape);
     otherwise an order-preserving alignment on the signatures (around values not captured, only of
     signatures that occur once on each side). When the graph ran several times in the step
-    (gradient accumulation), each run is aligned with its share of the other side."""
+    (gradient accumulation), each run is aligned with its share of the other side. ``unordered``:
+    the two sides ran these ops in different orders (gradient accumulations): only signatures
+    that occur once on each side pair."""
     a, wa, ra = _with_gaps(ids_d, sig_d, occ_d)
     bb, wb, rb = _with_gaps(ids_b, sig_b, occ_b)
     runs = max(len(ra), len(rb))
@@ -161,7 +171,7 @@ def align_group(ids_d: list[int], sig_d: list[str], occ_d: Mapping[int, Any],
                 ea, eb = (ra + [len(a)])[k + 1], (rb + [len(bb)])[k + 1]
                 out += _align_run(a[ra[k]:ea], wa[ra[k]:ea], bb[rb[k]:eb], wb[rb[k]:eb])
             return out
-    return _align_run(a, wa, bb, wb, several=runs > 1)
+    return _align_run(a, wa, bb, wb, several=runs > 1 or unordered)
 
 
 def _shares(n: int, runs: int) -> list[int]:
@@ -173,8 +183,16 @@ def _shares(n: int, runs: int) -> list[int]:
 def _align_run(a: list[str], wa: list[int | None], bb: list[str], wb: list[int | None],
                several: bool = False) -> list[tuple[int, int]]:
     """:func:`align_group` of one graph run (``several``: runs that could not be told apart)."""
+    from collections import Counter
+
+    ca, cb = Counter(a), Counter(bb)
     if len(a) == len(bb) and (None in wa or None in wb):
         idx = [(x, x) for x in range(len(a)) if a[x] == bb[x]]
+    elif all(n == 1 for n in ca.values()) and all(n == 1 for n in cb.values()):
+        # every signature once on each side: the same op whatever the order (a compiled run's
+        # gradient accumulations run in the graph's input order, eager's in backward order)
+        at = {sig: y for y, sig in enumerate(bb)}
+        idx = [(x, at[sig]) for x, sig in enumerate(a) if sig in at]
     else:
         idx = matching._align(a, bb)
         if None in wa or None in wb or several:
@@ -182,9 +200,6 @@ def _align_run(a: list[str], wa: list[int | None], bb: list[str], wb: list[int |
             # or graph runs that could not be told apart: a signature that repeats cannot say which
             # eager op a captured value is; an unpaired value is "not compared", a wrongly paired
             # one a false alarm (HF Llama's adds; gradient accumulation's micro-batches)
-            from collections import Counter
-
-            ca, cb = Counter(a), Counter(bb)
             idx = [(x, y) for x, y in idx if ca[a[x]] == 1 and cb[bb[y]] == 1]
     return [(wa[x], wb[y]) for x, y in idx if wa[x] is not None and wb[y] is not None]
 
@@ -213,7 +228,8 @@ def match_compiled(dev_rows: Any, bench_rows: Any, mapping: Mapping[str, str] | 
             continue
         const = key[2] in CONSTANTS
         got += align_group(ids_d, [sd.get(i, "") + (vd.get(i, "?d") if const else "") for i in ids_d], occ_d or {},
-                           ids_b, [sb.get(i, "") + (vb.get(i, "?b") if const else "") for i in ids_b], occ_b or {})
+                           ids_b, [sb.get(i, "") + (vb.get(i, "?b") if const else "") for i in ids_b], occ_b or {},
+                           unordered=key[0] == "backward" and key[2] in ACCUMULATIONS)
     md = {x for x, _ in got}
     mb = {y for _, y in got}
     ud = np.array([r for r in d["record_id"].tolist() if r not in md], dtype=np.int64)
@@ -397,3 +413,16 @@ def reads_graph_inputs(dev_rows: Any, bench_rows: Any, pairs: Any, dev_compiled:
     p = pairs[(pairs["dev_rid"] >= 0) & (pairs["bench_rid"] >= 0)]
     col = "bench_rid" if dev_is_compiled else "dev_rid"
     return {int(d) for d, e in zip(p["dev_rid"].tolist(), p[col].tolist()) if e in ids}
+
+
+def unpaired_accumulations(dev_rows: Any, pairs: Any) -> set[int]:
+    """Device record ids of gradient accumulations (:data:`ACCUMULATIONS` in the backward) left
+    unpaired: one of their inputs is the ``.grad`` an earlier micro-batch wrote, whose error the
+    dump cannot trace (it was stolen from that backward's output or copied into place), so what
+    their consumers see is not theirs to answer for; the backward ops that made both gradients
+    are judged themselves."""
+    acc = dev_rows[(dev_rows["phase"] == "backward") & dev_rows["op"].isin(ACCUMULATIONS)]
+    if not len(acc):
+        return set()
+    paired = set(pairs.loc[(pairs["dev_rid"] >= 0) & (pairs["bench_rid"] >= 0), "dev_rid"].tolist())
+    return {int(r) for r in acc["record_id"].unique().tolist() if r not in paired}

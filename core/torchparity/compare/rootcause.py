@@ -221,10 +221,17 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     nel = numel(shapes.tolist())[dev] if shapes is not None else np.full(int(dev.sum()), np.nan)
     out_n = r.assign(n=nel)[is_out].groupby("rid")["n"].max().reindex(rec_ids).to_numpy()
     ext_row = ext_row[dev]
+    out_scale = None
     if "phase" in recs:  # a gradient ~0 by cancellation next to the record's other gradients
         bwd = pd.Series(recs["phase"].to_numpy(dtype=object) == "backward", index=rec_ids)
         fac = cancellation.cancelled_outputs(r, error_model.cancel_scale(rows)[dev], is_out, bwd)
         agg_row, ext_row = agg_row * fac, ext_row * fac
+        # a device-only record's output is seen by its consumers: their inputs, scaled alike
+        small = is_out.to_numpy() & (fac < 1.0)
+        if small.any():
+            out_scale = pd.Series(fac[small], index=pd.MultiIndex.from_arrays([r["rid"].to_numpy()[small],
+                                                                                r["arg"].to_numpy()[small]]))
+            out_scale = out_scale[~out_scale.index.duplicated()]
     # parameter gradients of a module-level dump: judged against the module's backward (grad_sinks)
     sink = grad_sinks.judged_sinks(recs, grad_only)
     if sink.any():
@@ -240,8 +247,8 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
         n_red = pd.Series(np.where(red_row, nel, np.nan)).groupby(r["rid"].to_numpy()).max() \
             .reindex(rec_ids).to_numpy(dtype="float64")
         agg_row, ext_row = np.where(red_row, np.nan, agg_row), np.where(red_row, np.nan, ext_row)
-    o_agg, i_agg, _ = _flow(r, agg_row, is_in, is_out, rec_ids, fwd)
-    o_ext, i_ext, _ = _flow(r, ext_row, is_in, is_out, rec_ids, fwd)
+    o_agg, i_agg, _ = _flow(r, agg_row, is_in, is_out, rec_ids, fwd, out_scale)
+    o_ext, i_ext, _ = _flow(r, ext_row, is_in, is_out, rec_ids, fwd, out_scale)
     if red_row.any():  # a record whose outputs are all such sums: no other channel (not its consumers')
         only_red = pd.Series(np.where(is_out.to_numpy(), red_row, True)).groupby(r["rid"].to_numpy()).all() \
             .reindex(rec_ids).fillna(False).to_numpy(dtype=bool) & ~np.isnan(o_agg_red)
@@ -342,9 +349,13 @@ def analyse(rows: Any, *, threshold: float = DEFAULT_THRESHOLD, step: int = 0, r
     # target dtype, which cannot amplify an error: never scored. What its consumers see is judged
     # at the consumers (their paired inputs may be other partial sums: autograd accumulates a
     # gradient in another order when a cast node sits between the uses of a tensor).
+    # So is a copy on the device side only (a gradient accumulation's first ``copy_`` into
+    # ``.grad``, a layout copy): it changes no value.
+    from .compiled import LAYOUT_COPIES
     from .matching import is_cast
 
-    lone_cast = (recs["match"].to_numpy() == "unmatched") & recs["op"].map(is_cast).to_numpy(dtype=bool)
+    lone_cast = (recs["match"].to_numpy() == "unmatched") & recs["op"].map(
+        lambda op: is_cast(op) or op in LAYOUT_COPIES or op == "aten.copy_.default").to_numpy(dtype=bool)
     score = np.where(lone_cast & ~np.isinf(o_err), np.nan, score)
     if unjudged:
         score = np.where(np.isin(rec_ids, np.fromiter(unjudged, dtype=np.int64, count=len(unjudged))), np.nan, score)
@@ -462,10 +473,11 @@ def _records(dev_rows: Any) -> Any:
 
 
 def _flow(r: Any, err: np.ndarray, is_in: Any, is_out: Any, rec_ids: np.ndarray,
-          fwd: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
+          fwd: np.ndarray, out_scale: Any = None) -> tuple[np.ndarray, np.ndarray, Any]:
     """Carry one per-row error through the data flow: per record, its output error (for a
-    device-only op, what its consumers see) and its input error (own, else its producer's output,
-    plus what a backward record reads from its forward op); and the input rows with their error."""
+    device-only op, what its consumers see, scaled by ``out_scale[(record, output)]`` where given:
+    an output ~0 by cancellation) and its input error (own, else its producer's output, plus what
+    a backward record reads from its forward op); and the input rows with their error."""
     import pandas as pd
 
     r = r.assign(err=err)
@@ -482,6 +494,9 @@ def _flow(r: Any, err: np.ndarray, is_in: Any, is_out: Any, rec_ids: np.ndarray,
         ins.loc[need, "err"] = np.where(np.isnan(via), via_rec, via)
     in_err = ins.groupby("rid")["err"].max()
     cons = ins[(ins["p_rid"] >= 0) & ins["err"].notna()]
+    if out_scale is not None and len(cons):
+        k = pd.MultiIndex.from_arrays([cons["p_rid"].to_numpy(), cons["p_idx"].astype(str).to_numpy()])
+        cons = cons.assign(err=cons["err"].to_numpy() * out_scale.reindex(k).fillna(1.0).to_numpy())
     cons_err = cons.groupby("p_rid")["err"].max()
     o_err = out_err.reindex(rec_ids).to_numpy()
     o_err = np.where(np.isnan(o_err), cons_err.reindex(rec_ids).to_numpy(), o_err)

@@ -143,6 +143,13 @@ class CompiledInDump:
         # built before the dump's global hooks exist: Dynamo then traces forward itself
         self._compiled = [torch.compile(block._orig_mod, backend=self.capture) for _, block in self.blocks]
         self._saved: list[Any] = []  # each block's own forward attribute (None: the class's)
+        #: id(parameter) -> (module path, class) of the module that holds it (_tag_accumulations)
+        self._owners: dict[int, tuple[str, str]] = {}
+        for path, block in self.blocks:
+            for name, mod in getattr(block, "_orig_mod", block).named_modules():
+                full = ".".join(x for x in (path, name) if x)
+                for p in mod.parameters(recurse=False):
+                    self._owners.setdefault(id(p), (full, type(mod).__name__))
         self._classes: list[tuple[Any, type]] = []  # quiet_compiled's, for restore_classes
         self._prefix = ""  # the module path of the block whose graph runs (collect)
         self._pending: list[tuple[list[Any], list[torch.Tensor]]] = []  # (OpRecords, device values)
@@ -180,14 +187,37 @@ class CompiledInDump:
                 out = compiled.forward(*args, **kwargs)
             finally:
                 self._prefix = prev
-        if tag:
+        if tag or torch.is_grad_enabled():
             def set_prefix(*_: Any) -> None:  # the block's backward graph runs inside this node
                 self._prefix = path
 
             for node in self._nodes(out):
                 if id(node) not in before:
-                    node.register_prehook(set_prefix)
+                    if tag:
+                        node.register_prehook(set_prefix)
+                    self._tag_accumulations(node)
         return out
+
+    def _tag_accumulations(self, node: Any) -> None:
+        """Name the gradient accumulations behind a compiled graph's autograd node by their
+        parameter's module, as an eager run names them: the module tracker's walk that tags them
+        in eager (at the module's exit) does not run inside the compiled call, so a second
+        micro-batch's ``param.grad += g`` was recorded at the root module and never paired with
+        eager's (the eager one was then judged alone: a false root cause on a CNN's conv bias)."""
+        from ..capture.module_tracker import _META_KEY
+        from ..capture.op_stream import STREAM_KEY
+
+        for fn, _ in getattr(node, "next_functions", ()):
+            var = getattr(fn, "variable", None)  # AccumulateGrad's parameter
+            owner = self._owners.get(id(var)) if var is not None else None
+            if owner is not None:
+                try:
+                    meta = fn.metadata
+                except (AttributeError, RuntimeError):
+                    continue
+                # the tags the dump's records (module_capture's) and the op stream's consumers read
+                meta.setdefault(_META_KEY, {"module": owner[0], "module_class": owner[1], "fwd": None, "node": None})
+                meta.setdefault(STREAM_KEY, owner)
 
     @staticmethod
     def _nodes(tree: Any) -> list[Any]:

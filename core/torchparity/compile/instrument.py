@@ -8,6 +8,7 @@ the vectors are appended to the graph's outputs and taken off again by the wrapp
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +154,9 @@ def _stored_anyway(graph: torch.fx.Graph) -> set[torch.fx.Node]:
             torch.fx.node.map_arg(n.args, add)
         elif n.op == "call_function" and getattr(getattr(n.target, "_overloadpacket", None), "__name__", "") in _EXTERN:
             stored.add(n)
+            # the outputs of a multi-output extern kernel (convolution_backward's gradients): each a
+            # buffer it writes. Without them a CNN's convolution backward was never captured
+            stored.update(u for u in n.users if u.target is operator.getitem)
             torch.fx.node.map_arg((n.args, n.kwargs), add)
     return stored
 
