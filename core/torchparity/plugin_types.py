@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Mapping
 
 from .errors import PluginError, UsageError
+# helpers shared by the reporter plugins (numbers, files replaced in one step, verdict counts)
+from .report_helpers import count_verdict as count_verdict
+from .report_helpers import format_number as format_number
+from .report_helpers import write_atomically as write_atomically
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path

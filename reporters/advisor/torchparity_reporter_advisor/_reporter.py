@@ -6,13 +6,12 @@ a report; the text itself comes from :func:`~torchparity_reporter_advisor._advis
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from torchparity.errors import PluginError
-from torchparity.plugin_types import Reporter, prepare_output_dir
+from torchparity.plugin_types import Reporter, prepare_output_dir, write_atomically
 
 from ._advise import advise
 
@@ -51,14 +50,7 @@ class AdvisorReporter(Reporter):
         text = advise(result, top_suspects=int(self.options.top_suspects), max_errors=int(self.options.max_errors),
                       width=int(self.options.width))
         path = out / self.options.filename
-        tmp = path.with_name(path.name + ".tmp")
-        try:  # a temporary file renamed into place: a full disk never leaves half a file
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError as exc:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-            raise PluginError(f"reporter 'advisor': cannot write {path}: {exc.strerror or exc}") from None
+        # a temporary file renamed into place: a full disk never leaves half a file
+        write_atomically(path, path.with_name(path.name + ".tmp"), "advisor",
+                         lambda tmp: tmp.write_text(text, encoding="utf-8"))
         return [path]

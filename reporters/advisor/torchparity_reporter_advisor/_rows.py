@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from torchparity.plugin_types import count_verdict
 from torchparity.results import complete_first_divergence
 
 from ._text import _get, _int, _where, fmt
@@ -71,17 +72,9 @@ def _row_label(r: Mapping[str, Any]) -> str:
     return f"{label} ({extra})" if extra else label
 
 
-def _count(summary: Mapping[str, Any], rows: pd.DataFrame | None, key: str, verdict: str) -> int:
-    """A verdict count from the summary (``n_unmatched`` may be split into device/bench) or the rows."""
-    if key in summary and summary[key] is not None:
-        return _int(summary[key])
-    if verdict == "unmatched" and ("n_unmatched_device" in summary or "n_unmatched_bench" in summary):
-        return _int(summary.get("n_unmatched_device")) + _int(summary.get("n_unmatched_bench"))
-    if rows is None or len(rows) == 0:
-        return 0
-    if verdict == "unmatched":
-        return int(rows["match"].astype(object).eq("unmatched").sum()) if "match" in rows.columns else 0
-    return int(rows["verdict"].astype(object).eq(verdict).sum()) if "verdict" in rows.columns else 0
+#: a verdict count from the summary (``n_unmatched`` may be split into device/bench) or the rows
+#: (``_count(summary, rows, key, verdict)``; a summary count that is not a whole number counts as 0)
+_count = count_verdict
 
 
 first_divergence = complete_first_divergence  # shared with the other reporters (torchparity.results)

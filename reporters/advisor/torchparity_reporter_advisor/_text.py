@@ -11,20 +11,10 @@ import math
 import textwrap
 from typing import Any, Mapping
 
+from torchparity.plugin_types import format_number
 
-def fmt(x: Any, spec: str = ".3g") -> str:
-    """A number for people: 3 significant digits, NaN/inf spelled out, None as 'n/a'."""
-    if x is None:
-        return "n/a"
-    try:
-        xf = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(xf):
-        return "NaN"
-    if math.isinf(xf):
-        return "inf" if xf > 0 else "-inf"
-    return format(xf, spec)
+#: a number for people: 3 significant digits, NaN/inf spelled out, None as 'n/a' (``fmt(x, spec=".3g")``)
+fmt = format_number
 
 
 def _int(x: Any, default: int = 0) -> int:

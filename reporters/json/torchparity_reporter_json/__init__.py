@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from torchparity import hookimpl
-from torchparity.plugin_types import prepare_output_dir
+from torchparity.plugin_types import prepare_output_dir, write_atomically
 from torchparity.errors import PluginError, UsageError
 from torchparity.plugin_types import Reporter
 
@@ -295,8 +295,8 @@ def write_compare_json(
     header = header_document(result, len(selected), columns)
     encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False, default=_default, separators=(",", ":"))
     pretty = json.JSONEncoder(allow_nan=False, ensure_ascii=False, default=_default, indent=indent)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
             fh.write("{\n")
             for key in TOP_LEVEL_KEYS[:-1]:
@@ -311,14 +311,8 @@ def write_compare_json(
                 fh.write(_encode_rows(records, encoder))
                 first = False
             fh.write("\n]\n}\n" if not first else "]\n}\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise PluginError(f"reporter 'json': cannot write {path}: {exc.strerror or exc}") from None
-    return path
+
+    return write_atomically(path, path.with_name(path.name + ".tmp"), "json", write)
 
 
 def _reject_constant(token: str) -> Any:

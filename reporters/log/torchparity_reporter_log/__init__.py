@@ -27,7 +27,7 @@ from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TypeVar
 from torchparity import hookimpl
 from torchparity.results import complete_first_divergence
 from torchparity.errors import PluginError
-from torchparity.plugin_types import Reporter
+from torchparity.plugin_types import Reporter, count_verdict, format_number
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -91,17 +91,7 @@ def _progress_iter(iterable: Iterable[T], total: int | None, description: str, s
 
 def fmt(x: Any, spec: str = ".3g") -> str:
     """A number for the console: 3 significant digits, NaN/inf spelled out, missing as '-'."""
-    if x is None:
-        return "-"
-    try:
-        xf = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(xf):
-        return "NaN"
-    if math.isinf(xf):
-        return "inf" if xf > 0 else "-inf"
-    return format(xf, spec)
+    return format_number(x, spec, missing="-")
 
 
 def _val(row: Mapping[str, Any], key: str) -> Any:
@@ -112,22 +102,9 @@ def _val(row: Mapping[str, Any], key: str) -> Any:
 
 
 def _count(summary: Mapping[str, Any], rows: pd.DataFrame | None, key: str, verdict: str) -> int:
-    """A verdict count from the summary (``n_unmatched`` may be split into device/bench) or the rows."""
-    if summary.get(key) is not None:
-        try:
-            return int(summary[key])
-        except (TypeError, ValueError):
-            pass
-    if verdict == "unmatched" and ("n_unmatched_device" in summary or "n_unmatched_bench" in summary):
-        try:
-            return int(summary.get("n_unmatched_device") or 0) + int(summary.get("n_unmatched_bench") or 0)
-        except (TypeError, ValueError):
-            pass
-    if rows is None or len(rows) == 0:
-        return 0
-    if verdict == "unmatched":
-        return int(rows["match"].astype(object).eq("unmatched").sum()) if "match" in rows.columns else 0
-    return int(rows["verdict"].astype(object).eq(verdict).sum()) if "verdict" in rows.columns else 0
+    """A verdict count from the summary (``n_unmatched`` may be split into device/bench) or the rows;
+    a summary count that is not a whole number is passed over, not taken as 0."""
+    return count_verdict(summary, rows, key, verdict, fall_back_on_bad=True)
 
 
 first_divergence = complete_first_divergence  # shared with the other reporters (torchparity.results)

@@ -8,6 +8,8 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
+from torchparity.plugin_types import format_number
+
 from ._text import MAX_CELL_CHARS, cell_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -97,15 +99,8 @@ def column_values(rows: pd.DataFrame, col: Col, src: str | None, unmatched: Any)
 
 
 def _fmt_num(x: Any, spec: str = ".3g") -> str:
-    try:
-        xf = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(xf):
-        return "NaN"
-    if math.isinf(xf):
-        return "inf" if xf > 0 else "-inf"
-    return format(xf, spec)
+    """A number as text (NaN/inf spelled out); ``None`` as ``"None"``, as ``str(None)`` always was here."""
+    return format_number(x, spec, missing="None")
 
 
 def _num(x: Any) -> Any:

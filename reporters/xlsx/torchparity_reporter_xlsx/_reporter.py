@@ -4,13 +4,12 @@ the workbook frame, then the streamed Compare rows)."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from torchparity.errors import PluginError
-from torchparity.plugin_types import Reporter, prepare_output_dir
+from torchparity.plugin_types import Reporter, prepare_output_dir, write_atomically
 
 from ._cells import column_values
 from ._columns import Col, _col_letter, select_columns
@@ -65,16 +64,7 @@ class XlsxReporter(Reporter):
         """Write ``compare.xlsx`` into ``output_dir``; return ``[path]``."""
         out = prepare_output_dir(output_dir, self.name)
         path = out / self.options.filename
-        tmp = path.with_name("~$" + path.name)
-        try:
-            self._write(result, tmp)
-            os.replace(tmp, path)
-        except OSError as exc:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-            raise PluginError(f"reporter 'xlsx': cannot write {path}: {exc.strerror or exc}") from None
+        write_atomically(path, path.with_name("~$" + path.name), "xlsx", lambda tmp: self._write(result, tmp))
         return [path]
 
     # -- implementation --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from torchparity.plugin_types import count_verdict
 from torchparity.results import complete_first_divergence
 
 from ._cells import _num, _plain
@@ -138,16 +139,9 @@ def _int(x: Any, default: int = 0) -> int:
 
 
 def _count(summary: Mapping[str, Any], rows: pd.DataFrame | None, key: str, verdict: str) -> int:
-    """A verdict count from the summary (``n_unmatched`` may be split into device/bench) or the rows."""
-    if summary.get(key) is not None:
-        return _int(summary[key])
-    if verdict == "unmatched" and ("n_unmatched_device" in summary or "n_unmatched_bench" in summary):
-        return _int(summary.get("n_unmatched_device")) + _int(summary.get("n_unmatched_bench"))
-    if rows is None or len(rows) == 0:
-        return 0
-    if verdict == "unmatched":
-        return int(_unmatched_mask(rows).sum())
-    return int(rows["verdict"].astype(object).eq(verdict).sum()) if "verdict" in rows.columns else 0
+    """A verdict count from the summary (``n_unmatched`` may be split into device/bench) or the rows;
+    unmatched rows are found as on the Compare sheet (:func:`._rows._unmatched_mask`)."""
+    return count_verdict(summary, rows, key, verdict, unmatched_mask=_unmatched_mask)
 
 
 first_divergence = complete_first_divergence  # shared with the other reporters (torchparity.results)
