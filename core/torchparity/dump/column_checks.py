@@ -14,12 +14,9 @@ import math
 import re
 from itertools import chain
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..records import LEVELS
-
-if TYPE_CHECKING:
-    from .columns import RecordColumns
 
 
 IO_VALUES = frozenset({"input", "output", "param", "grad"})
@@ -120,7 +117,7 @@ def _column_problems(values: Sequence[Any], types: tuple[type, ...], ok: Callabl
 # ---- column scans -----------------------------------------------------------------------------
 
 
-def record_problems(rc: RecordColumns) -> Iterable[tuple[int, str]]:
+def record_problems(rc: Any) -> Iterable[tuple[int, str]]:  # rc: a columns.RecordColumns
     """(record index, problem) of the record-level columns of ``rc`` (id, name, op ...)."""
     ids, names, ops, levels, phases, modules, cis, fwds, stacks, _cd = rc.heads
     if set(map(type, ids)) - {int} or min(ids, default=0) < 0:
@@ -159,7 +156,7 @@ def record_problems(rc: RecordColumns) -> Iterable[tuple[int, str]]:
         yield from _column_problems(flags, (dict, _NONE), None, "flags", distinct=False)
 
 
-def row_problems(rc: RecordColumns, stat_names: Sequence[str]) -> Iterable[tuple[int, str]]:
+def row_problems(rc: Any, stat_names: Sequence[str]) -> Iterable[tuple[int, str]]:  # rc: a columns.RecordColumns
     """(row index, problem) of the tensor-entry columns of ``rc``; ``stat_names``: the statistics
     in the order of ``rc``'s statistics tuples."""
     import numpy as np
