@@ -244,3 +244,14 @@ def test_gradient_accumulation_of_a_cnn_pairs_with_eager(tmp_path, dtype):
     assert "conv2" in set(bwd[bwd.op == "aten.convolution_backward.default"].module)
     acc = bwd[bwd.op == "aten.add_.Tensor"]
     assert len(acc) and set(acc.module) <= {"conv1", "bn1", "conv2", "bn2", "head"}
+
+
+def test_a_first_layers_convolution_backward_is_said_not_captured(tmp_path):
+    """The first convolution's backward computes no input gradient (its output 0 is None): it
+    was dropped without a word; the header now counts it in ``not_captured``."""
+    import json
+
+    _accumulate_convbn(tmp_path / "c", True)
+    header = json.loads((tmp_path / "c" / "step0" / "rank0" / "header.json").read_text())
+    assert header["compile"]["not_captured"].get(
+        "op whose first output is not computed (a first layer's convolution backward: no input gradient)") == 1

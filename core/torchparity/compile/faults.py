@@ -42,7 +42,7 @@ def scale_module_output(module: str, phase: str = "forward", factor: float = 1.0
                 mine = module_of(meta)[0] == module
             else:
                 mine = not meta.get("nn_module_stack") and meta.get("seq_nr") in seqs
-            if mine:
+            if mine and g.out is not None:
                 _scale(gm.graph, g.out, factor)
                 return
 

@@ -27,7 +27,10 @@ class NodeGroup:
     """The graph nodes of one eager op: ``out`` holds the op's value, ``target`` is the source op."""
 
     target: Any  # the eager aten op (OpOverload), or the node's own target when unknown
-    out: torch.fx.Node  # the node whose value stands for the op's output 0
+    #: the node whose value stands for the op's output 0; None for a multi-output op whose output 0
+    #: is not computed (the first layer's ``convolution_backward``: no input gradient), which the
+    #: graph pass counts as not captured
+    out: torch.fx.Node | None
     meta_node: torch.fx.Node  # the node whose metadata (module, seq_nr, stack) describes the op
     size: int  # graph nodes in the group (getitem nodes included)
 
@@ -82,10 +85,12 @@ def group_nodes(graph: torch.fx.Graph) -> list[NodeGroup]:
     groups: list[NodeGroup] = []
     for key, nodes in members.items():
         inside = set(nodes)
+        others: list[torch.fx.Node] = []  # a multi-output op's other outputs
         if key[0] == "self":
             head = key[1]
             outs = _escaping(nodes, inside)
             if isinstance(head.meta.get("val"), (list, tuple)):  # output 0 (or what a pass put after it)
+                others = outs
                 outs = [n for n in outs if (n.target is operator.getitem and n.args[1] == 0) or JOIN in n.meta]
             meta_node = head
             target = head.target
@@ -101,9 +106,11 @@ def group_nodes(graph: torch.fx.Graph) -> list[NodeGroup]:
             if best is None or numel >= best[0]:
                 best = (numel, n)
         if best is None:
+            if any(_val_numel(n) is not None for n in others):  # no output 0 (see NodeGroup.out)
+                groups.append(NodeGroup(target=target, out=None, meta_node=meta_node, size=len(nodes)))
             continue
         groups.append(NodeGroup(target=target, out=best[1], meta_node=meta_node, size=len(nodes)))
-    groups.sort(key=lambda g: order[g.out])
+    groups.sort(key=lambda g: order[g.out if g.out is not None else g.meta_node])
     return groups
 
 

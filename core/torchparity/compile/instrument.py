@@ -289,6 +289,9 @@ def instrument(gm: torch.fx.GraphModule, example_inputs: Any, phase: str,
                                      getattr(n.target, "__name__", "")) in RANDOM_OPS)
     for group in group_nodes(graph):
         node, meta_node, target = group.out, group.meta_node, group.target
+        if node is None:
+            skip("op whose first output is not computed (a first layer's convolution backward: no input gradient)")
+            continue
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
             continue
