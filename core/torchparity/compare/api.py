@@ -403,7 +403,8 @@ def compare_pair(dev_path: str, bench_path: str, step: int, rank: int, mapping: 
     unjudged = reads_inputs if info.get("compiled") and carried else None
     if info.get("compiled"):  # a gradient accumulation one side only recorded: its .grad input is untraced
         lone = compiled.unpaired_accumulations(d, pairs)
-        unjudged = (unjudged or set()) | lone if lone else unjudged
+        if lone:
+            unjudged = (unjudged or set()) | lone
     if skipping or inferred:
         unjudged = (unjudged or set()) | scaler_skips.mark(rows)
     arrays, suspects = rootcause.analyse(rows, threshold=threshold, step=step, rank=rank, stacks=stacks,

@@ -26,6 +26,8 @@ import torch
 from ..capture.batch import Batch
 from ..capture.compiled import (CompiledModelError, allow_compiled, captured_compile, disallow_compiled,
                                 quiet_compiled, restore_classes)
+from ..capture.module_tracker import _META_KEY, class_name
+from ..capture.op_stream import STREAM_KEY
 from ..capture.ranks import current_rank
 from ..records import op_record, tensor_entry  # noqa: F401 - tensor_entry used below
 from .backend import CompileCapture
@@ -149,7 +151,7 @@ class CompiledInDump:
             for name, mod in getattr(block, "_orig_mod", block).named_modules():
                 full = ".".join(x for x in (path, name) if x)
                 for p in mod.parameters(recurse=False):
-                    self._owners.setdefault(id(p), (full, type(mod).__name__))
+                    self._owners.setdefault(id(p), (full, class_name(mod)))
         self._classes: list[tuple[Any, type]] = []  # quiet_compiled's, for restore_classes
         self._prefix = ""  # the module path of the block whose graph runs (collect)
         self._pending: list[tuple[list[Any], list[torch.Tensor]]] = []  # (OpRecords, device values)
@@ -187,7 +189,7 @@ class CompiledInDump:
                 out = compiled.forward(*args, **kwargs)
             finally:
                 self._prefix = prev
-        if tag or torch.is_grad_enabled():
+        if torch.is_grad_enabled():  # (tag implies it)
             def set_prefix(*_: Any) -> None:  # the block's backward graph runs inside this node
                 self._prefix = path
 
@@ -204,9 +206,6 @@ class CompiledInDump:
         in eager (at the module's exit) does not run inside the compiled call, so a second
         micro-batch's ``param.grad += g`` was recorded at the root module and never paired with
         eager's (the eager one was then judged alone: a false root cause on a CNN's conv bias)."""
-        from ..capture.module_tracker import _META_KEY
-        from ..capture.op_stream import STREAM_KEY
-
         for fn, _ in getattr(node, "next_functions", ()):
             var = getattr(fn, "variable", None)  # AccumulateGrad's parameter
             owner = self._owners.get(id(var)) if var is not None else None
